@@ -1,0 +1,17 @@
+//! The one place that decides between std and loom atomics.
+//!
+//! Everything in the crate that is shared between threads (the lease-slot
+//! array, the slot pool, the loopback queues) imports its atomics from here,
+//! so that building with `RUSTFLAGS="--cfg loom"` runs the very same code
+//! under loom's model checker (`loom_tests/`). Nothing else in the crate may
+//! name `std::sync::atomic` directly.
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+#[cfg(loom)]
+pub(crate) use loom::sync::Arc;
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+#[cfg(not(loom))]
+pub(crate) use std::sync::Arc;
