@@ -3,8 +3,17 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod config;
+pub mod fabric;
 mod sync;
 pub mod time;
 
 pub use config::{ConfigError, EngineShape, LeaseConfig, ParsedConfig};
+pub use fabric::{Fabric, FabricError};
 pub use time::{Instant, MonotonicClock};
+pub mod nonce;
+pub mod slot_pool;
+pub mod slots;
+
+pub use nonce::{Nonce, NonceSource};
+pub use slot_pool::{SlotPool, SlotTicket};
+pub use slots::LeaseSlots;

@@ -1,0 +1,230 @@
+//! [`Fabric`]: the one trait through which kvlease talks to the network.
+//!
+//! This module owns the *shape* of the conversation between a P worker and a
+//! D worker: registered memory, the handshake (and what it advertises),
+//! notifications, READs. It holds no protocol logic: what a notification
+//! means is `wire`'s business, when to send one is the lease book's and the
+//! heartbeat sender's.
+//!
+//! # Ground rules
+//!
+//! - **Driven by the engine loop.** Every method returns promptly; nothing
+//!   here requires a background thread of ours. Progress happens inside the
+//!   calls (an implementation may also use its runtime's own progress thread).
+//! - **Non-blocking handshakes.** [`Fabric::start_handshake`] returns an
+//!   [`AgentId`] at once; [`Fabric::handshake_state`] is polled each step.
+//! - **Borrowed notifications.** [`Fabric::drain_notifications`] hands each
+//!   message to a callback as `&[u8]`; the bytes are valid only during the
+//!   call. The loopback fabric allocates nothing here.
+//! - **Typed errors**, never panics, for anything a peer can cause.
+//!
+//! # Regions
+//!
+//! A worker registers memory regions in order; the i-th registration is
+//! region `i` on that agent ([`RegionId`]). The handshake advertises which
+//! region holds the lease slots ([`PeerInfo::slot_region`]). READ descriptors
+//! name a local region and a remote region by these indices plus byte offsets.
+
+use core::fmt;
+
+use crate::slots::LeaseSlots;
+use crate::sync::Arc;
+use crate::time::Instant;
+
+/// A remote agent this fabric has started a handshake with. Issued by the
+/// fabric; meaningful only to the fabric that issued it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AgentId(pub u32);
+
+/// A registered memory region: the index of its registration on its agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RegionId(pub u32);
+
+/// An in-flight READ. Issued by the fabric; meaningful only to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct XferId(pub u64);
+
+/// One contiguous piece of a READ: `len` bytes from `remote` at
+/// `remote_offset` into `local` at `local_offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadDesc {
+    /// Local destination region.
+    pub local: RegionId,
+    /// Byte offset in the local region.
+    pub local_offset: u64,
+    /// Remote source region (its index on the remote agent).
+    pub remote: RegionId,
+    /// Byte offset in the remote region.
+    pub remote_offset: u64,
+    /// Bytes to copy.
+    pub len: u64,
+}
+
+/// One clock sample taken during a handshake (for `clock_sync`): the remote
+/// read its monotonic clock between our send and our receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClockSample {
+    /// Our clock when the request left.
+    pub local_send: Instant,
+    /// The remote's clock when it answered (its own origin).
+    pub remote: Instant,
+    /// Our clock when the answer arrived.
+    pub local_recv: Instant,
+}
+
+/// What a completed handshake told us about the remote agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// The region holding the remote's lease slots, if it exports any.
+    pub slot_region: Option<RegionId>,
+    /// Number of lease slots in that region.
+    pub slot_count: u32,
+    /// The remote accepts compact (slot, nonce) heartbeats.
+    pub compact_heartbeats: bool,
+    /// A clock sample from the handshake, if the fabric took one.
+    pub clock: Option<ClockSample>,
+}
+
+/// Where a handshake stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandshakeState {
+    /// Started, not finished; poll again next step.
+    Pending,
+    /// Finished; notifications and READs to the agent may be posted.
+    Ready(PeerInfo),
+    /// Failed; start a new handshake to retry.
+    Failed(FabricError),
+}
+
+/// Where a READ stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XferState {
+    /// Still running.
+    InProgress,
+    /// Every descriptor was copied (and the attached notification, if any,
+    /// is on its way).
+    Done,
+    /// The READ failed or timed out; the local bytes are undefined.
+    Failed(FabricError),
+}
+
+/// What went wrong in the fabric. `Copy` and allocation-free, so it can be
+/// returned from step paths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FabricError {
+    /// The agent id was never issued by this fabric (or was forgotten).
+    UnknownAgent,
+    /// The agent's handshake has not completed.
+    NotConnected,
+    /// The peer address could not be parsed or resolved.
+    BadAddress,
+    /// The remote did not answer (crashed, partitioned) or answered garbage.
+    PeerUnreachable,
+    /// A READ or handshake exceeded the fabric's timeout.
+    TimedOut,
+    /// A descriptor lies outside a registered region.
+    OutOfBounds,
+    /// A region id is not registered (locally or on the remote).
+    UnknownRegion,
+    /// The transfer id is unknown (never issued, or already finished and reaped).
+    UnknownXfer,
+    /// A notification is larger than the fabric accepts.
+    MessageTooLarge,
+    /// A fixed-capacity queue or table of the fabric is full.
+    Full,
+    /// The READ was cancelled.
+    Cancelled,
+    /// The underlying runtime reported an error (its status code).
+    Backend(i32),
+}
+
+impl fmt::Display for FabricError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            FabricError::UnknownAgent => "unknown agent",
+            FabricError::NotConnected => "agent not connected (handshake not complete)",
+            FabricError::BadAddress => "bad peer address",
+            FabricError::PeerUnreachable => "peer unreachable",
+            FabricError::TimedOut => "timed out",
+            FabricError::OutOfBounds => "descriptor outside a registered region",
+            FabricError::UnknownRegion => "unknown region",
+            FabricError::UnknownXfer => "unknown transfer",
+            FabricError::MessageTooLarge => "notification too large",
+            FabricError::Full => "fabric queue or table full",
+            FabricError::Cancelled => "transfer cancelled",
+            FabricError::Backend(code) => return write!(f, "fabric backend error {code}"),
+        };
+        f.write_str(s)
+    }
+}
+
+impl std::error::Error for FabricError {}
+
+/// The network as kvlease needs it. See the module docs for the ground rules.
+pub trait Fabric {
+    /// This agent's name, as peers see it in notifications' sender field.
+    fn name(&self) -> &str;
+
+    /// Registers this worker's lease slots (normally region 0) and whether it
+    /// accepts compact heartbeats; both are advertised in the handshake.
+    fn register_slots(
+        &mut self,
+        slots: Arc<LeaseSlots>,
+        compact_heartbeats: bool,
+    ) -> Result<RegionId, FabricError>;
+
+    /// Registers `len` bytes at `ptr` (KV blocks, or a local landing buffer
+    /// for READs) and returns its region id.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr+len` must stay allocated and unmoved until the fabric is
+    /// dropped. Remote agents read it and local READs write it concurrently
+    /// with the caller: the caller must not hold Rust references to bytes that
+    /// a posted READ may write, and must treat bytes that remote agents may
+    /// read as shared (write them only while no READ can target them, which is
+    /// exactly what a lease guarantees).
+    unsafe fn register_memory(&mut self, ptr: *mut u8, len: usize)
+        -> Result<RegionId, FabricError>;
+
+    /// Largest notification this fabric sends in one message. Encoders split
+    /// batches to fit.
+    fn max_notification_len(&self) -> usize;
+
+    /// Starts a handshake with the agent at `address` (fabric-specific
+    /// syntax) without blocking, or returns the existing id when one was
+    /// already started for that address. `now` stamps the clock sample.
+    fn start_handshake(&mut self, address: &str, now: Instant) -> Result<AgentId, FabricError>;
+
+    /// Where the handshake with `agent` stands; drives its progress.
+    fn handshake_state(&mut self, agent: AgentId, now: Instant) -> HandshakeState;
+
+    /// Sends one notification to a connected agent.
+    fn send_notification(&mut self, to: AgentId, msg: &[u8]) -> Result<(), FabricError>;
+
+    /// Hands every notification received since the last call to `sink` as
+    /// (sender's agent name, bytes); returns how many. The borrows end with
+    /// each callback.
+    fn drain_notifications(
+        &mut self,
+        sink: &mut dyn FnMut(&str, &[u8]),
+    ) -> Result<usize, FabricError>;
+
+    /// Posts a READ from a connected agent. With `notification`, the remote
+    /// receives it once the READ completes (vLLM's read-done path).
+    fn post_read(
+        &mut self,
+        from: AgentId,
+        descs: &[ReadDesc],
+        notification: Option<&[u8]>,
+        now: Instant,
+    ) -> Result<XferId, FabricError>;
+
+    /// Where a READ stands; drives its progress. A READ that has been in
+    /// progress longer than the fabric's transfer timeout is `Failed(TimedOut)`.
+    /// A finished READ (Done or Failed) is forgotten after it is reported once.
+    fn read_state(&mut self, xfer: XferId, now: Instant) -> XferState;
+
+    /// Abandons a READ; its local bytes are undefined. Unknown ids are a no-op.
+    fn cancel_read(&mut self, xfer: XferId);
+}
