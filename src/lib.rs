@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod fabric;
+pub mod ids;
 mod sync;
 pub mod time;
 

@@ -1,0 +1,319 @@
+//! [`IdTable`]: fixed-capacity request ids stored inline, and the
+//! preallocated index from id to entry.
+//!
+//! This module owns the bytes of the request ids a structure holds and the
+//! map from id to the holder's entry index. It does not know what an entry
+//! is: the lease book and the heartbeat tracker number their entries
+//! `0..capacity` and keep their own state per entry; this table keeps entry
+//! `e`'s id and finds `e` again from the id.
+//!
+//! # Layout
+//!
+//! ```text
+//!  arena: [u8; capacity * max_len]   entry e's id at e*max_len, len[e] bytes
+//!  len:   [u16; capacity]            0 = entry holds no id
+//!  cells: [u64; 2^k >= 2*capacity]   open addressing, linear probing
+//!         EMPTY, or (hash >> 32) << 32 | entry
+//! ```
+//!
+//! Everything is allocated at construction; no operation allocates. The load
+//! factor stays at or under 1/2, so a probe sequence is short on average.
+//! Deletion shifts later cells of the cluster back (no tombstones), so the
+//! table never degrades with churn. The hash is keyed with per-table random
+//! bits: ids come from outside, and a fixed hash would let a client pick ids
+//! that collide.
+
+const EMPTY: u64 = u64::MAX;
+
+/// Why an id was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdError {
+    /// The id is the empty string.
+    Empty,
+    /// The id is longer than the configured maximum.
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// The id is already in the table.
+    Duplicate,
+    /// The entry index is out of range or already holds an id.
+    BadEntry,
+}
+
+impl core::fmt::Display for IdError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            IdError::Empty => f.write_str("empty request id"),
+            IdError::TooLong { len, max } => write!(f, "request id of {len} bytes exceeds the limit of {max}"),
+            IdError::Duplicate => f.write_str("request id already present"),
+            IdError::BadEntry => f.write_str("entry index out of range or in use"),
+        }
+    }
+}
+
+impl std::error::Error for IdError {}
+
+/// Fixed-capacity id storage plus id -> entry index. See the module docs.
+#[derive(Debug)]
+pub struct IdTable {
+    arena: Box<[u8]>,
+    len: Box<[u16]>,
+    cells: Box<[u64]>,
+    mask: usize,
+    max_len: usize,
+    key: u64,
+}
+
+impl IdTable {
+    /// Room for `capacity` ids of up to `max_len` bytes each, with a hash key
+    /// from OS randomness.
+    pub fn new(capacity: u32, max_len: u16) -> IdTable {
+        IdTable::with_key(capacity, max_len, crate::nonce::entropy_u64())
+    }
+
+    /// As [`IdTable::new`] with a fixed hash key (deterministic tests).
+    pub fn with_key(capacity: u32, max_len: u16, key: u64) -> IdTable {
+        let cap = capacity as usize;
+        let max_len = usize::from(max_len);
+        let cells = (cap * 2).max(2).next_power_of_two();
+        IdTable {
+            arena: vec![0; cap * max_len].into_boxed_slice(),
+            len: vec![0; cap].into_boxed_slice(),
+            cells: vec![EMPTY; cells].into_boxed_slice(),
+            mask: cells - 1,
+            max_len,
+            key,
+        }
+    }
+
+    /// Longest id accepted, in bytes.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// Checks an id against the table's limits without inserting it.
+    pub fn check(&self, id: &[u8]) -> Result<(), IdError> {
+        if id.is_empty() {
+            return Err(IdError::Empty);
+        }
+        if id.len() > self.max_len {
+            return Err(IdError::TooLong { len: id.len(), max: self.max_len });
+        }
+        Ok(())
+    }
+
+    /// Stores `id` as entry `entry`'s id and indexes it.
+    pub fn insert(&mut self, id: &[u8], entry: u32) -> Result<(), IdError> {
+        self.check(id)?;
+        let e = entry as usize;
+        if e >= self.len.len() || self.len[e] != 0 {
+            return Err(IdError::BadEntry);
+        }
+        let h = self.hash(id);
+        let mut i = (h as usize) & self.mask;
+        loop {
+            let c = self.cells[i];
+            if c == EMPTY {
+                break;
+            }
+            if tag(c) == tag_of(h) && self.id(cell_entry(c)) == id {
+                return Err(IdError::Duplicate);
+            }
+            i = (i + 1) & self.mask;
+        }
+        self.arena[e * self.max_len..e * self.max_len + id.len()].copy_from_slice(id);
+        // check() bounded id.len() by max_len <= u16::MAX.
+        self.len[e] = id.len() as u16;
+        self.cells[i] = (tag_of(h) << 32) | u64::from(entry);
+        Ok(())
+    }
+
+    /// The entry holding `id`, if any.
+    #[inline]
+    pub fn get(&self, id: &[u8]) -> Option<u32> {
+        if id.is_empty() || id.len() > self.max_len {
+            return None;
+        }
+        let h = self.hash(id);
+        let mut i = (h as usize) & self.mask;
+        loop {
+            let c = self.cells[i];
+            if c == EMPTY {
+                return None;
+            }
+            if tag(c) == tag_of(h) && self.id(cell_entry(c)) == id {
+                return Some(cell_entry(c));
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Entry `entry`'s id; empty when the entry holds none.
+    #[inline]
+    pub fn id(&self, entry: u32) -> &[u8] {
+        let e = entry as usize;
+        match self.len.get(e) {
+            Some(&n) => &self.arena[e * self.max_len..e * self.max_len + usize::from(n)],
+            None => &[],
+        }
+    }
+
+    /// Removes entry `entry`'s id from the table; returns whether it held one.
+    pub fn remove(&mut self, entry: u32) -> bool {
+        let id = self.id(entry);
+        if id.is_empty() {
+            return false;
+        }
+        let h = self.hash(id);
+        let mut i = (h as usize) & self.mask;
+        loop {
+            let c = self.cells[i];
+            if c == EMPTY {
+                debug_assert!(false, "entry {entry} has an id but no cell");
+                return false;
+            }
+            if cell_entry(c) == entry {
+                break;
+            }
+            i = (i + 1) & self.mask;
+        }
+        self.len[entry as usize] = 0;
+        // Backward-shift deletion: move later members of the cluster into the
+        // hole when their home slot is not inside (hole, current].
+        let mut hole = i;
+        let mut j = (i + 1) & self.mask;
+        loop {
+            let c = self.cells[j];
+            if c == EMPTY {
+                break;
+            }
+            let home = (self.hash(self.id(cell_entry(c))) as usize) & self.mask;
+            let dist_home = j.wrapping_sub(home) & self.mask;
+            let dist_hole = j.wrapping_sub(hole) & self.mask;
+            if dist_home >= dist_hole {
+                self.cells[hole] = c;
+                hole = j;
+            }
+            j = (j + 1) & self.mask;
+        }
+        self.cells[hole] = EMPTY;
+        true
+    }
+
+    /// Keyed 64-bit hash of an id: 8 bytes a round, multiply-xorshift mixing.
+    #[inline]
+    fn hash(&self, id: &[u8]) -> u64 {
+        const M: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut h = self.key ^ (id.len() as u64).wrapping_mul(M);
+        let mut chunks = id.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            h = (h ^ u64::from_le_bytes(w)).wrapping_mul(M);
+            h ^= h >> 29;
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            h = (h ^ u64::from_le_bytes(w)).wrapping_mul(M);
+        }
+        h ^= h >> 32;
+        h = h.wrapping_mul(0xd6e8_feb8_6659_fd93);
+        h ^ (h >> 32)
+    }
+}
+
+#[inline]
+fn tag_of(h: u64) -> u64 {
+    h >> 32
+}
+
+#[inline]
+fn tag(cell: u64) -> u64 {
+    cell >> 32
+}
+
+#[inline]
+fn cell_entry(cell: u64) -> u32 {
+    cell as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn insert_get_remove() {
+        let mut t = IdTable::with_key(4, 16, 1);
+        t.insert(b"req-a", 0).unwrap();
+        t.insert(b"req-b", 3).unwrap();
+        assert_eq!(t.get(b"req-a"), Some(0));
+        assert_eq!(t.get(b"req-b"), Some(3));
+        assert_eq!(t.get(b"req-c"), None);
+        assert_eq!(t.id(3), b"req-b");
+        assert!(t.remove(0));
+        assert!(!t.remove(0));
+        assert_eq!(t.get(b"req-a"), None);
+        assert_eq!(t.get(b"req-b"), Some(3));
+    }
+
+    #[test]
+    fn refuses_bad_ids_and_entries() {
+        let mut t = IdTable::with_key(2, 4, 1);
+        assert_eq!(t.insert(b"", 0), Err(IdError::Empty));
+        assert_eq!(t.insert(b"12345", 0), Err(IdError::TooLong { len: 5, max: 4 }));
+        assert_eq!(t.insert(b"a", 2), Err(IdError::BadEntry));
+        t.insert(b"a", 0).unwrap();
+        assert_eq!(t.insert(b"b", 0), Err(IdError::BadEntry));
+        assert_eq!(t.insert(b"a", 1), Err(IdError::Duplicate));
+        assert_eq!(t.get(b"12345"), None);
+        assert_eq!(t.id(99), b"");
+    }
+
+    #[test]
+    fn matches_a_hashmap_under_random_churn() {
+        // Small table, many collisions (key 0, short ids): exercises the
+        // backward shift across wrapped clusters.
+        let cap = 64u32;
+        let mut t = IdTable::with_key(cap, 8, 0);
+        let mut model: HashMap<Vec<u8>, u32> = HashMap::new();
+        let mut free: Vec<u32> = (0..cap).collect();
+        let mut rng = 0x1234_5678_9abc_def0u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for _ in 0..200_000 {
+            let r = next();
+            let id = format!("{}", r % 200).into_bytes();
+            if r & (1 << 40) != 0 {
+                match (model.get(&id), free.pop()) {
+                    (Some(_), Some(e)) => {
+                        assert_eq!(t.insert(&id, e), Err(IdError::Duplicate));
+                        free.push(e);
+                    }
+                    (None, Some(e)) => {
+                        t.insert(&id, e).unwrap();
+                        model.insert(id.clone(), e);
+                    }
+                    (_, None) => {}
+                }
+            } else if let Some(e) = model.remove(&id) {
+                assert!(t.remove(e));
+                free.push(e);
+            }
+            assert_eq!(t.get(&id), model.get(&id).copied());
+        }
+        for (id, e) in &model {
+            assert_eq!(t.get(id), Some(*e));
+            assert_eq!(t.id(*e), &id[..]);
+        }
+    }
+}
