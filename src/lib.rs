@@ -13,9 +13,11 @@ pub use config::{ConfigError, EngineShape, LeaseConfig, ParsedConfig};
 pub use fabric::{Fabric, FabricError};
 pub use time::{Instant, MonotonicClock};
 pub mod nonce;
+pub mod producer;
 pub mod slot_pool;
 pub mod slots;
 
 pub use nonce::{Nonce, NonceSource};
+pub use producer::{BookCounters, Grant, GrantError, LeaseBook, ReleaseReason, Released, Renewal};
 pub use slot_pool::{SlotPool, SlotTicket};
 pub use slots::LeaseSlots;

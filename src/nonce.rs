@@ -30,6 +30,12 @@ use core::num::NonZeroU64;
 pub struct Nonce(NonZeroU64);
 
 impl Nonce {
+    /// The smallest nonce; a placeholder for entries that hold no lease.
+    pub const ONE: Nonce = match NonZeroU64::new(1) {
+        Some(n) => Nonce(n),
+        None => unreachable!(),
+    };
+
     /// A nonce from its raw value; `None` for 0, which no lease ever has.
     pub const fn new(raw: u64) -> Option<Nonce> {
         match NonZeroU64::new(raw) {
