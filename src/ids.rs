@@ -47,7 +47,9 @@ impl core::fmt::Display for IdError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             IdError::Empty => f.write_str("empty request id"),
-            IdError::TooLong { len, max } => write!(f, "request id of {len} bytes exceeds the limit of {max}"),
+            IdError::TooLong { len, max } => {
+                write!(f, "request id of {len} bytes exceeds the limit of {max}")
+            }
             IdError::Duplicate => f.write_str("request id already present"),
             IdError::BadEntry => f.write_str("entry index out of range or in use"),
         }
@@ -100,7 +102,10 @@ impl IdTable {
             return Err(IdError::Empty);
         }
         if id.len() > self.max_len {
-            return Err(IdError::TooLong { len: id.len(), max: self.max_len });
+            return Err(IdError::TooLong {
+                len: id.len(),
+                max: self.max_len,
+            });
         }
         Ok(())
     }
@@ -266,7 +271,10 @@ mod tests {
     fn refuses_bad_ids_and_entries() {
         let mut t = IdTable::with_key(2, 4, 1);
         assert_eq!(t.insert(b"", 0), Err(IdError::Empty));
-        assert_eq!(t.insert(b"12345", 0), Err(IdError::TooLong { len: 5, max: 4 }));
+        assert_eq!(
+            t.insert(b"12345", 0),
+            Err(IdError::TooLong { len: 5, max: 4 })
+        );
         assert_eq!(t.insert(b"a", 2), Err(IdError::BadEntry));
         t.insert(b"a", 0).unwrap();
         assert_eq!(t.insert(b"b", 0), Err(IdError::BadEntry));
