@@ -16,6 +16,10 @@ pub mod nonce;
 pub mod producer;
 pub mod slot_pool;
 pub mod slots;
+#[cfg(any(test, feature = "testkit"))]
+#[doc(hidden)]
+pub mod testkit;
+pub mod wire;
 
 pub use nonce::{Nonce, NonceSource};
 pub use producer::{BookCounters, Grant, GrantError, LeaseBook, ReleaseReason, Released, Renewal};
