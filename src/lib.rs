@@ -7,6 +7,7 @@ pub mod fabric;
 pub mod ids;
 mod sync;
 pub mod time;
+pub mod topology;
 pub mod wheel;
 
 pub use config::{ConfigError, EngineShape, LeaseConfig, ParsedConfig};

@@ -1,0 +1,330 @@
+//! Heterogeneous tensor parallelism: which P ranks a D rank reads from and
+//! heartbeats.
+//!
+//! This module owns the rank arithmetic of vLLM's NixlConnector and nothing
+//! else: it knows neither addresses nor agents (the heartbeat sender turns a
+//! rank into a fabric address) nor requests. It allocates nothing; targets
+//! come out as an iterator over a contiguous rank range.
+//!
+//! # The mapping (vLLM, notes/vllm.md)
+//!
+//! ```text
+//! tp_ratio = local_tp / remote_tp        when local_tp >= remote_tp
+//!          = -(remote_tp / local_tp)     otherwise
+//!
+//! targets(r) = [r / tp_ratio]                               tp_ratio > 0
+//!            = [r*|tp_ratio| + i for i in 0..|tp_ratio|]    tp_ratio < 0
+//! ```
+//!
+//! "local" is this D instance, "remote" the P instance. With P TP 4 and
+//! D TP 2 the ratio is -2 and D rank 1 reads from (and heartbeats) P ranks 2
+//! and 3: every P rank holds a lease for the request, so every one of them
+//! must be renewed. With P TP 2 and D TP 4 the ratio is 2 and D ranks 2 and 3
+//! both heartbeat P rank 1; the second heartbeat only refreshes the same
+//! expiry again, which is harmless (the seed says so explicitly).
+//!
+//! vLLM uses integer division and silently mis-maps sizes that do not divide;
+//! here a size that is zero or does not divide the other is a
+//! [`TopologyError`], as is a rank outside `0..local_tp`.
+
+use core::fmt;
+use core::iter::FusedIterator;
+
+/// Why a TP pair or a rank was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopologyError {
+    /// A TP size is 0.
+    ZeroTp {
+        /// The local (D) TP size.
+        local_tp: u32,
+        /// The remote (P) TP size.
+        remote_tp: u32,
+    },
+    /// The larger TP size is not a multiple of the smaller one, so ranks do
+    /// not map onto whole groups.
+    NotDivisible {
+        /// The local (D) TP size.
+        local_tp: u32,
+        /// The remote (P) TP size.
+        remote_tp: u32,
+    },
+    /// A local rank is not in `0..local_tp`.
+    RankOutOfRange {
+        /// The rank asked about.
+        rank: u32,
+        /// The local TP size.
+        local_tp: u32,
+    },
+}
+
+impl fmt::Display for TopologyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TopologyError::ZeroTp {
+                local_tp,
+                remote_tp,
+            } => write!(
+                f,
+                "tensor-parallel size 0 (local tp {local_tp}, remote tp {remote_tp})"
+            ),
+            TopologyError::NotDivisible {
+                local_tp,
+                remote_tp,
+            } => write!(
+                f,
+                "local tp {local_tp} and remote tp {remote_tp}: the larger is not a multiple of the smaller"
+            ),
+            TopologyError::RankOutOfRange { rank, local_tp } => {
+                write!(f, "rank {rank} is outside 0..{local_tp}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for TopologyError {}
+
+/// A validated (local TP, remote TP) pair and its vLLM `tp_ratio`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TpMapping {
+    local_tp: u32,
+    remote_tp: u32,
+    /// vLLM's `tp_ratio`; never 0. An `i64` because `-(u32::MAX)` must fit.
+    ratio: i64,
+}
+
+impl TpMapping {
+    /// Validates the pair: both non-zero, the larger a multiple of the smaller.
+    pub const fn new(local_tp: u32, remote_tp: u32) -> Result<TpMapping, TopologyError> {
+        if local_tp == 0 || remote_tp == 0 {
+            return Err(TopologyError::ZeroTp {
+                local_tp,
+                remote_tp,
+            });
+        }
+        let ratio = if local_tp >= remote_tp {
+            if local_tp % remote_tp != 0 {
+                return Err(TopologyError::NotDivisible {
+                    local_tp,
+                    remote_tp,
+                });
+            }
+            (local_tp / remote_tp) as i64
+        } else {
+            if remote_tp % local_tp != 0 {
+                return Err(TopologyError::NotDivisible {
+                    local_tp,
+                    remote_tp,
+                });
+            }
+            -((remote_tp / local_tp) as i64)
+        };
+        Ok(TpMapping {
+            local_tp,
+            remote_tp,
+            ratio,
+        })
+    }
+
+    /// The local (D) TP size.
+    pub const fn local_tp(&self) -> u32 {
+        self.local_tp
+    }
+
+    /// The remote (P) TP size.
+    pub const fn remote_tp(&self) -> u32 {
+        self.remote_tp
+    }
+
+    /// vLLM's `tp_ratio`: positive when local >= remote, negative otherwise,
+    /// never 0 (equal sizes give 1).
+    pub const fn tp_ratio(&self) -> i64 {
+        self.ratio
+    }
+
+    /// How many remote ranks each local rank talks to: `|tp_ratio|` when
+    /// the ratio is negative, else 1.
+    pub const fn fan_out(&self) -> u32 {
+        if self.ratio < 0 {
+            // remote_tp / local_tp, which fits a u32.
+            self.remote_tp / self.local_tp
+        } else {
+            1
+        }
+    }
+
+    /// The remote ranks local rank `rank` reads from and heartbeats, in
+    /// ascending order. Always [`TpMapping::fan_out`] of them.
+    pub const fn targets(&self, rank: u32) -> Result<RemoteRanks, TopologyError> {
+        if rank >= self.local_tp {
+            return Err(TopologyError::RankOutOfRange {
+                rank,
+                local_tp: self.local_tp,
+            });
+        }
+        let (start, len) = if self.ratio > 0 {
+            // ratio = local / remote fits a u32 and is >= 1.
+            (rank / (self.local_tp / self.remote_tp), 1)
+        } else {
+            let k = self.remote_tp / self.local_tp;
+            // rank < local_tp, so rank * k + k <= remote_tp: no overflow.
+            (rank * k, k)
+        };
+        Ok(RemoteRanks {
+            next: start,
+            end: start + len,
+        })
+    }
+}
+
+/// `tp_ratio` as vLLM computes it, for callers that need only the number.
+pub const fn tp_ratio(local_tp: u32, remote_tp: u32) -> Result<i64, TopologyError> {
+    match TpMapping::new(local_tp, remote_tp) {
+        Ok(m) => Ok(m.tp_ratio()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The remote ranks of one local rank: a contiguous range, yielded in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteRanks {
+    next: u32,
+    end: u32,
+}
+
+impl RemoteRanks {
+    /// The first rank (even after iteration started: the range's start as
+    /// it is now).
+    pub const fn first(&self) -> u32 {
+        self.next
+    }
+}
+
+impl Iterator for RemoteRanks {
+    type Item = u32;
+
+    #[inline]
+    fn next(&mut self) -> Option<u32> {
+        if self.next < self.end {
+            let r = self.next;
+            self.next += 1;
+            Some(r)
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = (self.end - self.next) as usize;
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for RemoteRanks {}
+impl FusedIterator for RemoteRanks {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn targets(local_tp: u32, remote_tp: u32, rank: u32) -> Vec<u32> {
+        TpMapping::new(local_tp, remote_tp)
+            .unwrap()
+            .targets(rank)
+            .unwrap()
+            .collect()
+    }
+
+    #[test]
+    fn p_tp4_d_tp2_each_d_rank_reads_two_p_ranks() {
+        let m = TpMapping::new(2, 4).unwrap();
+        assert_eq!(m.tp_ratio(), -2);
+        assert_eq!(m.fan_out(), 2);
+        assert_eq!(targets(2, 4, 0), [0, 1]);
+        assert_eq!(targets(2, 4, 1), [2, 3]);
+        assert_eq!(m.targets(1).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn p_tp2_d_tp4_two_d_ranks_share_one_p_rank() {
+        let m = TpMapping::new(4, 2).unwrap();
+        assert_eq!(m.tp_ratio(), 2);
+        assert_eq!(m.fan_out(), 1);
+        let all: Vec<Vec<u32>> = (0..4).map(|r| targets(4, 2, r)).collect();
+        assert_eq!(all, [vec![0], vec![0], vec![1], vec![1]]);
+    }
+
+    #[test]
+    fn equal_tp_maps_rank_to_itself() {
+        let m = TpMapping::new(8, 8).unwrap();
+        assert_eq!(m.tp_ratio(), 1);
+        for r in 0..8 {
+            assert_eq!(targets(8, 8, r), [r]);
+        }
+    }
+
+    #[test]
+    fn every_remote_rank_is_covered_exactly_as_often_as_expected() {
+        for (local, remote) in [(1, 8), (2, 8), (8, 1), (8, 2), (4, 4), (3, 6), (6, 3)] {
+            let m = TpMapping::new(local, remote).unwrap();
+            let mut hits = vec![0u32; remote as usize];
+            for r in 0..local {
+                for p in m.targets(r).unwrap() {
+                    hits[p as usize] += 1;
+                }
+            }
+            let each = (local / remote).max(1);
+            assert!(
+                hits.iter().all(|&h| h == each),
+                "{local}/{remote}: {hits:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_sizes_and_ranks_are_typed_errors() {
+        assert_eq!(
+            TpMapping::new(0, 4),
+            Err(TopologyError::ZeroTp {
+                local_tp: 0,
+                remote_tp: 4
+            })
+        );
+        assert!(matches!(
+            TpMapping::new(4, 0),
+            Err(TopologyError::ZeroTp { .. })
+        ));
+        assert_eq!(
+            TpMapping::new(4, 3),
+            Err(TopologyError::NotDivisible {
+                local_tp: 4,
+                remote_tp: 3
+            })
+        );
+        assert!(matches!(
+            TpMapping::new(2, 3),
+            Err(TopologyError::NotDivisible { .. })
+        ));
+        let m = TpMapping::new(2, 4).unwrap();
+        assert_eq!(
+            m.targets(2),
+            Err(TopologyError::RankOutOfRange {
+                rank: 2,
+                local_tp: 2
+            })
+        );
+        assert!(m.targets(u32::MAX).is_err());
+        assert_eq!(tp_ratio(1, 3), Ok(-3));
+    }
+
+    #[test]
+    fn extreme_sizes_do_not_overflow() {
+        let m = TpMapping::new(1, u32::MAX).unwrap();
+        assert_eq!(m.tp_ratio(), -i64::from(u32::MAX));
+        let t = m.targets(0).unwrap();
+        assert_eq!(t.len(), u32::MAX as usize);
+        assert_eq!(t.first(), 0);
+        let m = TpMapping::new(u32::MAX, 1).unwrap();
+        assert_eq!(m.targets(u32::MAX - 1).unwrap().collect::<Vec<_>>(), [0]);
+    }
+}
