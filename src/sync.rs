@@ -5,13 +5,14 @@
 //! so that building with `RUSTFLAGS="--cfg loom"` runs the very same code
 //! under loom's model checker (`loom_tests/`). Nothing else in the crate may
 //! name `std::sync::atomic` directly.
+//!
+//! `Arc` is deliberately *not* switched: it appears in public signatures
+//! (`Arc<LeaseSlots>`), which must not change type under loom. Loom models
+//! share values through `loom::sync::Arc` themselves; what they check is the
+//! atomics inside.
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-#[cfg(loom)]
-pub(crate) use loom::sync::Arc;
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-#[cfg(not(loom))]
-pub(crate) use std::sync::Arc;

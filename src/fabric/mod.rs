@@ -28,7 +28,7 @@
 use core::fmt;
 
 use crate::slots::LeaseSlots;
-use crate::sync::Arc;
+use std::sync::Arc;
 use crate::time::Instant;
 
 /// A remote agent this fabric has started a handshake with. Issued by the

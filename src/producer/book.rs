@@ -61,7 +61,7 @@ use crate::producer::counters::BookCounters;
 use crate::producer::release_queue::ReleaseQueue;
 use crate::slot_pool::{SlotPool, SlotTicket};
 use crate::slots::LeaseSlots;
-use crate::sync::Arc;
+use std::sync::Arc;
 use crate::time::Instant;
 use crate::wheel::TimerWheel;
 
