@@ -368,3 +368,40 @@ fn mismatched_slot_arrays_are_refused() {
     assert!(err.to_string().contains("2 slots"));
     assert!(LeaseBook::with_parts(&c, vec![], pool, NonceSource::from_seed(0, 0, 0), T0).is_err());
 }
+
+#[test]
+fn heartbeat_renews_held_ids_and_ignores_unknown_ones() {
+    // vLLM's test: HB:req-a,req-b,req-unknown — a renewed, b keeps its later
+    // expiry, unknown not added.
+    let mut book = book_with_ranks(4, 4, 1);
+    book.grant("req-a", T0).unwrap();
+    book.grant("req-b", secs(25)).unwrap(); // expires at 55 s
+    let s = book
+        .on_notification(0, b"HB:req-a,req-b,req-unknown", secs(20))
+        .unwrap();
+    assert_eq!((s.renewed, s.ignored), (2, 1));
+    assert_eq!(book.expiry("req-a"), Some(secs(40)));
+    assert_eq!(
+        book.expiry("req-b"),
+        Some(secs(55)),
+        "a renewal never shortens"
+    );
+    assert_eq!(book.expiry("req-unknown"), None);
+    assert_eq!(book.held(), 2);
+}
+
+#[test]
+fn read_done_notifications_release_through_the_inbox() {
+    let mut book = book_with_ranks(4, 4, 1);
+    let g = book.grant("cmpl-1:0", T0).unwrap();
+    let msg = format!("cmpl-1:0:1:nonce={}", g.nonce);
+    let s = book.on_notification(0, msg.as_bytes(), secs(1)).unwrap();
+    assert_eq!(s.read_done, Some(ReadDoneOutcome::Released));
+    // The same notification again: the lease is gone.
+    let s = book.on_notification(0, msg.as_bytes(), secs(1)).unwrap();
+    assert_eq!(s.read_done, Some(ReadDoneOutcome::Unknown));
+    // Malformed bytes: an error, counted, nothing changes.
+    assert!(book.on_notification(0, b"HBC:zz", secs(1)).is_err());
+    assert!(book.on_notification(0, b"", secs(1)).is_err());
+    assert_eq!(book.counters().malformed_notifications, 2);
+}

@@ -61,9 +61,9 @@ use crate::producer::counters::BookCounters;
 use crate::producer::release_queue::ReleaseQueue;
 use crate::slot_pool::{SlotPool, SlotTicket};
 use crate::slots::LeaseSlots;
-use std::sync::Arc;
 use crate::time::Instant;
 use crate::wheel::TimerWheel;
+use std::sync::Arc;
 
 const NIL: u32 = u32::MAX;
 
@@ -582,6 +582,10 @@ impl LeaseBook {
             .all(|s| s.load(ticket.slot()) == Some(0)));
         self.pool.give_back(ticket);
         self.counters.slots_returned += 1;
+    }
+
+    pub(crate) fn note_malformed(&mut self) {
+        self.counters.malformed_notifications += 1;
     }
 
     /// The entry of a *held* lease with this id.

@@ -5,9 +5,11 @@
 
 mod book;
 mod counters;
+mod inbox;
 mod release_queue;
 
 pub use book::{
     BookError, Grant, GrantError, LeaseBook, ReadDoneOutcome, ReleaseReason, Released, Renewal,
 };
 pub use counters::BookCounters;
+pub use inbox::InboxSummary;
