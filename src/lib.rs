@@ -1,8 +1,85 @@
-//! kvlease (crate docs are filled in below as the modules land).
+//! # kvlease: KV-cache leases for disaggregated prefill/decode serving
+//!
+//! In disaggregated serving the prefill instance (P) holds a request's KV
+//! blocks after prefill until the decode instance (D) has read them over
+//! RDMA. kvlease decides how long: P grants a short **lease**, D
+//! **heartbeats** while the request waits or runs, P reclaims within seconds
+//! when D dies, and D **verifies** after its READ that P still held the
+//! blocks, so a lapsed lease becomes a failed KV load instead of silently
+//! decoding another request's KV. Wire formats and config names are
+//! vLLM NixlConnector's.
+//!
+//! ## Lifecycle of one lease (P side, [`LeaseBook`])
+//!
+//! ```text
+//!  prefill done ──grant──▶ HELD (expiry = now + kv_lease_duration, slot <- nonce on every rank)
+//!  HELD ──heartbeat──▶ HELD (expiry = max(expiry, now + extension))
+//!  HELD ──read-done × consumers on every rank──▶ RELEASED(read)
+//!  HELD ──expiry <= now at poll──────────────▶ RELEASED(expired)
+//!  RELEASED ──slot zeroed, then reported by drain_released──▶ engine frees the blocks
+//!  engine freed the blocks ──SlotTicket given back──▶ slot reusable
+//! ```
+//!
+//! ## The step contract
+//!
+//! Everything is polled from the engine's forward loop, once per step, with
+//! the step's `now` (the core never reads a clock; [`MonotonicClock`] gives
+//! engines one). Capacities are fixed by [`LeaseConfig`] at construction;
+//! after that no step allocates (`tests/zero_alloc.rs` proves it with a
+//! counting allocator), and exhaustion is a typed error with a documented
+//! degraded behaviour, never a silent drop. Nothing reachable from bytes off
+//! the wire panics (`fuzz/`).
+//!
+//! ```
+//! use kvlease::{EngineShape, LeaseBook, LeaseConfig, MonotonicClock};
+//!
+//! let shape = EngineShape { num_kv_blocks: 4096, max_num_seqs: 256 };
+//! let config = LeaseConfig::from_extra_config_json(r#"{"kv_lease_duration": 30}"#, shape)?.config;
+//! let clock = MonotonicClock::new();
+//! let mut book = LeaseBook::new(&config, clock.now());
+//!
+//! // Prefill of "req-1" finished: lease its blocks, export slot and nonce.
+//! let grant = book.grant("req-1", clock.now())?;
+//! if let Some((slot, nonce)) = grant.lease_fields() {
+//!     // kv_transfer_params: remote_lease_slot = slot, remote_lease_nonce = nonce
+//!     # let _ = (slot, nonce);
+//! }
+//!
+//! // Each engine step:
+//! let now = clock.now();
+//! for msg in [&b"HB:req-1"[..]] {            // notifications drained from the fabric
+//!     let _ = book.on_notification(0, msg, now); // errors are counted and returned for logging
+//! }
+//! book.poll(now);                             // expire what is due: O(levels + expired)
+//! book.drain_released(|released| {
+//!     // finished_sending: free the blocks of released.request_id, then
+//!     // give released.slot back (book.blocks_freed or the pool, any thread).
+//!     # std::mem::forget(released.slot);
+//! });
+//! assert_eq!(book.held(), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Modules
+//!
+//! - [`config`]: settings, vLLM-compatible parsing, derived heartbeat interval and extension.
+//! - [`producer`]: the P-side [`LeaseBook`] and its counters.
+//! - [`wheel`]: the fixed-capacity timing wheel behind expiry.
+//! - [`slots`], [`slot_pool`], [`nonce`]: the exported lease words, their lock-free pool, nonces.
+//! - [`ids`]: inline request ids and their preallocated index.
+//! - [`wire`]: the notification codec (`HB:`, read-done with nonce, compact `HBC:`).
+//! - [`topology`]: heterogeneous TP rank mapping.
+//! - [`fabric`]: the one trait to the network; loopback and NIXL implementations.
+//!
+//! ## Features
+//!
+//! - `nixl`: the real NIXL fabric over `nixl-sys` (stub API: loads `libnixl_capi.so` at run time).
+//! - `testkit`: the lease book's reference model, for tests and fuzzing; not a supported API.
 #![deny(missing_docs)]
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod config;
+pub mod consumer;
 pub mod fabric;
 pub mod ids;
 mod sync;

@@ -1,0 +1,904 @@
+//! [`HeartbeatSender`]: D's worker-side heartbeats, one batched notification
+//! per due engine to every P rank this D rank reads from.
+//!
+//! This module owns the per-(engine, P rank) connection state of one D rank:
+//! the [`AgentId`] the fabric issued, where the handshake stands, the retry
+//! backoff, and whether a heartbeat is owed because the peer was not ready
+//! when its engine was due. It does not decide *when* an engine is due (the
+//! [`HeartbeatTracker`] does), what the bytes are ([`crate::wire`]) or which
+//! ranks to talk to ([`crate::topology`]); it never reads a clock.
+//!
+//! # A step
+//!
+//! ```text
+//! tracker.due(now, |batch| sender.send_due(&batch, now));   // every due engine
+//! sender.finish_step(&tracker, now);                         // deferred sends
+//! ```
+//!
+//! ([`HeartbeatSender::step`] does both for an engine with one D rank per
+//! tracker; with several D ranks in one process, call every rank's
+//! `send_due` from the same `due` callback, since `due` throttles.)
+//!
+//! For a due engine, [`HeartbeatSender::send_due`] maps this rank to its P
+//! ranks ([`TpMapping::targets`]: P TP 4 / D TP 2 gives two ranks, P TP 2 /
+//! D TP 4 one) and for each:
+//!
+//! - **ready** (handshake complete): gets the batch now;
+//! - **no handshake yet**: [`Fabric::start_handshake`] (non-blocking), and the
+//!   peer is *owed* this heartbeat. The handshake is not polled in the step it
+//!   started; [`HeartbeatSender::finish_step`] polls owed peers in later steps
+//!   and sends at the first step at which [`Fabric::handshake_state`] is
+//!   `Ready`, without waiting for the engine's next interval (the early
+//!   handshake also speeds up the later KV READ);
+//! - **failed**: retried with exponential backoff from
+//!   [`SenderConfig::backoff_initial`], doubling per consecutive failure up to
+//!   [`SenderConfig::backoff_max`]; counted in [`SenderCounters`], never a
+//!   panic. A send that fails with a connection error sends the peer back
+//!   through the handshake.
+//!
+//! An owed heartbeat whose engine has disappeared from the tracker (all its
+//! requests finished) is dropped.
+//!
+//! # One message, split when it must be
+//!
+//! The batch is encoded once per form and each resulting message goes to
+//! every peer that wants that form: compact (`HBC:`, (slot, nonce) records)
+//! when the peer advertised [`PeerInfo::compact_heartbeats`] and every request
+//! of the engine has a lease slot and nonce, text (`HB:` ids, vLLM's form)
+//! otherwise. A batch larger than `min(fabric.max_notification_len(),
+//! MAX_MESSAGE_LEN)` is split by the encoder into several complete
+//! heartbeats.
+//!
+//! # Peer addresses
+//!
+//! [`Fabric::start_handshake`] takes a fabric-specific address string. The
+//! engine supplies the formatting as a [`PeerAddress`] (any
+//! `Fn(&EngineKey, u32, &mut dyn fmt::Write) -> fmt::Result` is one), which
+//! writes into a buffer preallocated at construction. The default,
+//! [`DefaultPeerAddress`], writes `{host}:{port}/{engine_id}/{rank}`; the
+//! loopback fabric names agents however its test wires them, so tests pass
+//! their own closure.
+//!
+//! # Fixed capacity
+//!
+//! State for `max_engines * max_fan_out` peers, the message scratch buffer and
+//! the address buffer are allocated in [`HeartbeatSender::new`]; nothing
+//! allocates afterwards. An engine whose fan-out (`P TP / D TP`) exceeds
+//! `max_fan_out`, or whose TP sizes do not map, is not heartbeated by this
+//! sender: a [`SenderError`] from `send_due`, counted.
+
+use core::fmt;
+use core::time::Duration;
+
+use super::dense_set::DenseSet;
+use super::tracker::{EngineBatch, EngineHandle, EngineKey, HeartbeatTracker};
+use crate::config::LeaseConfig;
+use crate::fabric::{AgentId, Fabric, FabricError, HandshakeState};
+use crate::time::Instant;
+use crate::topology::{TopologyError, TpMapping};
+use crate::wire::{self, WireError};
+
+/// Largest heartbeat message this sender writes, whatever the fabric allows:
+/// it bounds the scratch buffer. 64 KiB carries ~1,600 36-byte ids.
+pub const MAX_MESSAGE_LEN: usize = 64 * 1024;
+
+/// Formats the fabric address of P rank `rank` of `engine`.
+pub trait PeerAddress {
+    /// Writes the address; an error (or a buffer overflow) makes the
+    /// handshake attempt fail with [`FabricError::BadAddress`].
+    fn write_address(
+        &self,
+        engine: &EngineKey<'_>,
+        rank: u32,
+        out: &mut dyn fmt::Write,
+    ) -> fmt::Result;
+}
+
+impl<F> PeerAddress for F
+where
+    F: Fn(&EngineKey<'_>, u32, &mut dyn fmt::Write) -> fmt::Result,
+{
+    fn write_address(
+        &self,
+        engine: &EngineKey<'_>,
+        rank: u32,
+        out: &mut dyn fmt::Write,
+    ) -> fmt::Result {
+        self(engine, rank, out)
+    }
+}
+
+/// `{host}:{port}/{engine_id}/{rank}`, e.g. `10.0.0.7:5600/prefill-0/3`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DefaultPeerAddress;
+
+impl PeerAddress for DefaultPeerAddress {
+    fn write_address(
+        &self,
+        engine: &EngineKey<'_>,
+        rank: u32,
+        out: &mut dyn fmt::Write,
+    ) -> fmt::Result {
+        write!(
+            out,
+            "{}:{}/{}/{}",
+            engine.host, engine.port, engine.engine_id, rank
+        )
+    }
+}
+
+/// Sizing and policy of one D rank's sender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SenderConfig {
+    /// This D instance's tensor-parallel size.
+    pub local_tp: u32,
+    /// This worker's rank, `0..local_tp`.
+    pub local_rank: u32,
+    /// Engine slots: must be at least the tracker's `max_remote_engines`.
+    pub max_engines: u32,
+    /// Most P ranks one engine maps this rank to (`P TP / D TP`).
+    pub max_fan_out: u32,
+    /// Longest peer address, in bytes.
+    pub max_address_len: u32,
+    /// Wait after the first failed handshake.
+    pub backoff_initial: Duration,
+    /// Ceiling of the doubling backoff.
+    pub backoff_max: Duration,
+}
+
+impl SenderConfig {
+    /// Defaults for rank `local_rank` of a D instance with TP `local_tp`:
+    /// engine slots from `config.max_remote_engines`, fan-out up to 16,
+    /// addresses up to 512 bytes, backoff from 250 ms doubling up to the
+    /// heartbeat interval (so a recovered P is heartbeated again within one
+    /// interval, well inside the lease extension).
+    pub fn new(config: &LeaseConfig, local_tp: u32, local_rank: u32) -> SenderConfig {
+        let initial = Duration::from_millis(250);
+        SenderConfig {
+            local_tp,
+            local_rank,
+            max_engines: config.max_remote_engines,
+            max_fan_out: 16,
+            max_address_len: 512,
+            backoff_initial: initial,
+            backoff_max: config.heartbeat_interval().max(initial),
+        }
+    }
+}
+
+/// Why a due engine was not heartbeated by this sender, or the sender could
+/// not be built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SenderError {
+    /// The TP sizes do not map (zero, not divisible) or the local rank is out
+    /// of range.
+    Topology(TopologyError),
+    /// The engine maps this rank to more P ranks than `max_fan_out`.
+    FanOutTooLarge {
+        /// P ranks this rank would heartbeat.
+        fan_out: u32,
+        /// The configured maximum.
+        max: u32,
+    },
+    /// The engine's slot index is beyond `max_engines` (sender smaller than
+    /// its tracker).
+    EngineOutOfRange {
+        /// The tracker's slot index.
+        index: u32,
+        /// The sender's engine capacity.
+        max_engines: u32,
+    },
+    /// The batch could not be encoded (the fabric's message limit is too
+    /// small for even one id).
+    Encode(WireError),
+}
+
+impl fmt::Display for SenderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SenderError::Topology(e) => write!(f, "heartbeat topology: {e}"),
+            SenderError::FanOutTooLarge { fan_out, max } => write!(
+                f,
+                "engine maps this rank to {fan_out} P ranks, more than max_fan_out {max}"
+            ),
+            SenderError::EngineOutOfRange { index, max_engines } => write!(
+                f,
+                "engine slot {index} is beyond the sender's {max_engines} engine slots"
+            ),
+            SenderError::Encode(e) => write!(f, "heartbeat encoding: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SenderError {}
+
+/// What one sender has done, as plain monotonic counts since construction.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SenderCounters {
+    /// Due engines handed to `send_due`.
+    pub engines_due: u64,
+    /// Due engines not heartbeated because of a [`SenderError`].
+    pub engines_refused: u64,
+    /// Notifications sent (a split batch counts each piece).
+    pub messages_sent: u64,
+    /// Bytes in those notifications.
+    pub bytes_sent: u64,
+    /// Of the messages, compact ones.
+    pub compact_messages_sent: u64,
+    /// Per-peer heartbeats deferred because the peer was not ready.
+    pub deferred: u64,
+    /// Deferred heartbeats sent later, once the peer became ready.
+    pub deferred_sent: u64,
+    /// Deferred heartbeats dropped because their engine disappeared.
+    pub deferred_dropped: u64,
+    /// Handshakes started (including retries).
+    pub handshakes_started: u64,
+    /// Handshakes that completed.
+    pub handshakes_ready: u64,
+    /// Handshake attempts that failed (start refused, state `Failed`, or an
+    /// unformattable address); each one backs off.
+    pub handshakes_failed: u64,
+    /// Peer addresses that could not be formatted (or did not fit).
+    pub address_errors: u64,
+    /// Sends the fabric refused; the peer is retried.
+    pub send_failed: u64,
+    /// Ids the encoder could not fit into a message (longer than the limit).
+    pub ids_skipped: u64,
+}
+
+/// What one [`HeartbeatSender::step`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepReport {
+    /// Engines the tracker reported due.
+    pub engines_due: u32,
+    /// Notifications sent.
+    pub messages_sent: u32,
+    /// Peers whose heartbeat is owed (not ready) after this step.
+    pub peers_owed: u32,
+    /// The last error of this step: a refused engine, a failed handshake or
+    /// a failed send.
+    pub last_error: Option<StepError>,
+}
+
+/// An error met during a step, for logging.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepError {
+    /// A due engine was refused.
+    Sender(SenderError),
+    /// The fabric failed a handshake or a send to `rank` of `engine`.
+    Fabric {
+        /// The engine.
+        engine: EngineHandle,
+        /// The P rank.
+        rank: u32,
+        /// What the fabric said.
+        error: FabricError,
+    },
+}
+
+/// Where the link to one P rank stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerStatus {
+    /// No handshake started.
+    Idle,
+    /// Handshake started; not complete.
+    Pending(AgentId),
+    /// Handshake complete: heartbeats go out.
+    Ready {
+        /// The agent.
+        agent: AgentId,
+        /// The peer takes compact heartbeats.
+        compact: bool,
+    },
+    /// The last attempt failed; the next starts at `retry_at`.
+    Failed {
+        /// When the next attempt may start.
+        retry_at: Instant,
+        /// Consecutive failures so far.
+        failures: u32,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Peer {
+    status: PeerStatus,
+    /// Consecutive failures (kept across Pending, reset on Ready).
+    failures: u32,
+    /// The step (epoch) in which the current handshake started: not polled
+    /// in that step.
+    started_epoch: u64,
+    /// A heartbeat of the current interval has not reached this peer yet.
+    owed: bool,
+    /// Scratch for one send: this peer gets the message in this form.
+    send: Form,
+    /// Scratch for one send: its send failed and it must be registered owed.
+    send_failed: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Form {
+    None,
+    Text,
+    Compact,
+}
+
+const IDLE_PEER: Peer = Peer {
+    status: PeerStatus::Idle,
+    failures: 0,
+    started_epoch: 0,
+    owed: false,
+    send: Form::None,
+    send_failed: false,
+};
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    /// Whether `generation` is meaningful (the slot has seen an engine).
+    used: bool,
+    generation: u32,
+    first_rank: u32,
+    fan_out: u32,
+    /// Peers with `owed` set.
+    owed: u32,
+}
+
+/// Why `service` is called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// The engine is due: every peer gets this interval's heartbeat.
+    Due,
+    /// A later step: only peers still owed one.
+    Owed,
+}
+
+/// A fixed buffer that `fmt::Write` fills; overflow is an error.
+#[derive(Debug)]
+struct AddrBuf {
+    buf: Box<[u8]>,
+    len: usize,
+}
+
+impl fmt::Write for AddrBuf {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len.checked_add(s.len()).ok_or(fmt::Error)?;
+        let dst = self.buf.get_mut(self.len..end).ok_or(fmt::Error)?;
+        dst.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// One D rank's heartbeat sender. See the module docs.
+pub struct HeartbeatSender<F: Fabric, A: PeerAddress = DefaultPeerAddress> {
+    fabric: F,
+    address: A,
+    config: SenderConfig,
+    slots: Box<[Slot]>,
+    peers: Box<[Peer]>,
+    owed: DenseSet,
+    scratch: Box<[u8]>,
+    addr: AddrBuf,
+    epoch: u64,
+    counters: SenderCounters,
+    /// The last fabric error since `finish_step` reported one.
+    last_fabric_error: Option<StepError>,
+}
+
+impl<F: Fabric, A: PeerAddress> fmt::Debug for HeartbeatSender<F, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeartbeatSender")
+            .field("fabric", &self.fabric.name())
+            .field("config", &self.config)
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
+    /// A sender for `config.local_rank` over `fabric`. Allocates all its
+    /// state now. Fails when the local rank is not in `0..local_tp`.
+    pub fn new(fabric: F, address: A, config: SenderConfig) -> Result<Self, SenderError> {
+        // Validates local_tp != 0 and the rank, against a same-size peer.
+        TpMapping::new(config.local_tp, config.local_tp)
+            .and_then(|m| m.targets(config.local_rank))
+            .map_err(SenderError::Topology)?;
+        let engines = config.max_engines.max(1);
+        let fan = config.max_fan_out.max(1);
+        let msg = fabric.max_notification_len().min(MAX_MESSAGE_LEN);
+        let slot = Slot {
+            used: false,
+            generation: 0,
+            first_rank: 0,
+            fan_out: 0,
+            owed: 0,
+        };
+        Ok(HeartbeatSender {
+            fabric,
+            address,
+            config: SenderConfig {
+                max_engines: engines,
+                max_fan_out: fan,
+                ..config
+            },
+            slots: vec![slot; engines as usize].into_boxed_slice(),
+            peers: vec![IDLE_PEER; engines as usize * fan as usize].into_boxed_slice(),
+            owed: DenseSet::new(engines),
+            scratch: vec![0; msg].into_boxed_slice(),
+            addr: AddrBuf {
+                buf: vec![0; config.max_address_len as usize].into_boxed_slice(),
+                len: 0,
+            },
+            epoch: 1,
+            counters: SenderCounters::default(),
+            last_fabric_error: None,
+        })
+    }
+
+    /// The fabric (e.g. for the KV READs of the same worker).
+    pub fn fabric(&self) -> &F {
+        &self.fabric
+    }
+
+    /// The fabric, mutably. Agents it issued stay valid for this sender.
+    pub fn fabric_mut(&mut self) -> &mut F {
+        &mut self.fabric
+    }
+
+    /// The configuration in force (capacities raised to at least 1).
+    pub fn config(&self) -> &SenderConfig {
+        &self.config
+    }
+
+    /// The counters; a borrow.
+    pub fn counters(&self) -> &SenderCounters {
+        &self.counters
+    }
+
+    /// Where the link to P rank `rank` of the engine behind `handle` stands;
+    /// `None` when this sender has no state for it.
+    pub fn peer_status(&self, handle: EngineHandle, rank: u32) -> Option<PeerStatus> {
+        let slot = self.slots.get(handle.index as usize)?;
+        if !slot.used || slot.generation != handle.generation {
+            return None;
+        }
+        let k = rank.checked_sub(slot.first_rank)?;
+        if k >= slot.fan_out {
+            return None;
+        }
+        self.peers
+            .get(self.peer_index(handle.index, k))
+            .map(|p| p.status)
+    }
+
+    /// Peers (engine, P rank) currently owed a heartbeat.
+    pub fn peers_owed(&self) -> u32 {
+        let mut n = 0;
+        for k in 0..self.owed.len() {
+            if let Some(e) = self.owed.get(k) {
+                n += self.slots[e as usize].owed;
+            }
+        }
+        n
+    }
+
+    /// A whole step for a tracker this sender serves alone:
+    /// `tracker.due` into [`HeartbeatSender::send_due`], then
+    /// [`HeartbeatSender::finish_step`].
+    pub fn step(&mut self, tracker: &mut HeartbeatTracker, now: Instant) -> StepReport {
+        let before = self.counters.messages_sent;
+        let mut report = StepReport::default();
+        report.engines_due = tracker.due(now, |batch| {
+            if let Err(e) = self.send_due(&batch, now) {
+                report.last_error = Some(StepError::Sender(e));
+            }
+        });
+        let finished = self.finish_step(tracker, now);
+        report.peers_owed = finished.peers_owed;
+        report.last_error = finished.last_error.or(report.last_error);
+        report.messages_sent = (self.counters.messages_sent - before) as u32;
+        report
+    }
+
+    /// Heartbeats one due engine: one message (or its split pieces) to every
+    /// ready P rank this rank maps to; handshakes the others and owes them
+    /// the heartbeat. Call once per due engine per step, then
+    /// [`HeartbeatSender::finish_step`] once.
+    pub fn send_due(&mut self, batch: &EngineBatch<'_>, now: Instant) -> Result<(), SenderError> {
+        self.counters.engines_due += 1;
+        let r = self.service(batch, now, Mode::Due);
+        if r.is_err() {
+            self.counters.engines_refused += 1;
+        }
+        r.map(|_| ())
+    }
+
+    /// Ends a step: polls the handshakes of peers owed a heartbeat (not those
+    /// started in this step) and sends to the ones now ready; drops what is
+    /// owed for engines that have disappeared from `tracker`.
+    pub fn finish_step(&mut self, tracker: &HeartbeatTracker, now: Instant) -> StepReport {
+        let before = self.counters.messages_sent;
+        let mut report = StepReport::default();
+        let mut k = 0;
+        while let Some(e) = self.owed.get(k) {
+            let slot = self.slots[e as usize];
+            let handle = EngineHandle {
+                index: e,
+                generation: slot.generation,
+            };
+            match tracker.batch(handle) {
+                Some(batch) => {
+                    if let Err(err) = self.service(&batch, now, Mode::Owed) {
+                        report.last_error = Some(StepError::Sender(err));
+                    }
+                }
+                None => {
+                    self.counters.deferred_dropped += u64::from(slot.owed);
+                    self.clear_owed(e);
+                }
+            }
+            // service/clear may have removed e (the last member moved into
+            // position k); only advance past a member that stayed.
+            if self.owed.get(k) == Some(e) {
+                k += 1;
+            }
+        }
+        self.epoch += 1;
+        report.peers_owed = self.peers_owed();
+        report.messages_sent = (self.counters.messages_sent - before) as u32;
+        if report.last_error.is_none() {
+            report.last_error = self.last_fabric_error.take();
+        }
+        report
+    }
+
+    #[inline]
+    fn peer_index(&self, engine: u32, k: u32) -> usize {
+        engine as usize * self.config.max_fan_out as usize + k as usize
+    }
+
+    /// Resets slot `e` for the engine behind `handle` if it held another.
+    fn prepare_slot(&mut self, batch: &EngineBatch<'_>) -> Result<u32, SenderError> {
+        let handle = batch.handle();
+        let e = handle.index;
+        let max_engines = self.config.max_engines;
+        let slot = *self
+            .slots
+            .get(e as usize)
+            .ok_or(SenderError::EngineOutOfRange {
+                index: e,
+                max_engines,
+            })?;
+        if slot.used && slot.generation == handle.generation {
+            return Ok(e);
+        }
+        // A new engine in this slot: forget the old one's peers.
+        self.clear_owed(e);
+        let key = batch.key();
+        let mapping =
+            TpMapping::new(self.config.local_tp, key.tp_size).map_err(SenderError::Topology)?;
+        let targets = mapping
+            .targets(self.config.local_rank)
+            .map_err(SenderError::Topology)?;
+        let fan_out = mapping.fan_out();
+        if fan_out > self.config.max_fan_out {
+            return Err(SenderError::FanOutTooLarge {
+                fan_out,
+                max: self.config.max_fan_out,
+            });
+        }
+        let base = self.peer_index(e, 0);
+        for p in &mut self.peers[base..base + self.config.max_fan_out as usize] {
+            *p = IDLE_PEER;
+        }
+        self.slots[e as usize] = Slot {
+            used: true,
+            generation: handle.generation,
+            first_rank: targets.first(),
+            fan_out,
+            owed: 0,
+        };
+        Ok(e)
+    }
+
+    fn clear_owed(&mut self, e: u32) {
+        let Some(slot) = self.slots.get_mut(e as usize) else {
+            return;
+        };
+        if slot.owed > 0 {
+            let base = e as usize * self.config.max_fan_out as usize;
+            for p in &mut self.peers[base..base + slot.fan_out as usize] {
+                p.owed = false;
+            }
+            slot.owed = 0;
+        }
+        self.owed.remove(e);
+    }
+
+    fn set_owed(&mut self, e: u32, k: u32, owed: bool) {
+        let i = self.peer_index(e, k);
+        let p = &mut self.peers[i];
+        if p.owed == owed {
+            return;
+        }
+        p.owed = owed;
+        let slot = &mut self.slots[e as usize];
+        if owed {
+            slot.owed += 1;
+            self.owed.insert(e);
+        } else {
+            slot.owed -= 1;
+            if slot.owed == 0 {
+                self.owed.remove(e);
+            }
+        }
+    }
+
+    /// Advances peer `k` of engine `e`: starts, polls or retries its
+    /// handshake. Returns whether it is ready to receive now.
+    fn advance(&mut self, batch: &EngineBatch<'_>, e: u32, k: u32, now: Instant) -> bool {
+        let i = self.peer_index(e, k);
+        let peer = self.peers[i];
+        match peer.status {
+            PeerStatus::Ready { .. } => true,
+            PeerStatus::Idle => {
+                self.start_handshake(batch, e, k, now);
+                false
+            }
+            PeerStatus::Failed { retry_at, .. } => {
+                if now >= retry_at {
+                    self.start_handshake(batch, e, k, now);
+                }
+                false
+            }
+            PeerStatus::Pending(agent) => {
+                if peer.started_epoch == self.epoch {
+                    // Started in this step: the spec defers to a later step.
+                    return false;
+                }
+                match self.fabric.handshake_state(agent, now) {
+                    HandshakeState::Pending => false,
+                    HandshakeState::Ready(info) => {
+                        self.counters.handshakes_ready += 1;
+                        let p = &mut self.peers[i];
+                        p.status = PeerStatus::Ready {
+                            agent,
+                            compact: info.compact_heartbeats,
+                        };
+                        p.failures = 0;
+                        true
+                    }
+                    HandshakeState::Failed(err) => {
+                        self.fail(batch, e, k, err, now);
+                        false
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_handshake(&mut self, batch: &EngineBatch<'_>, e: u32, k: u32, now: Instant) {
+        let rank = self.slots[e as usize].first_rank + k;
+        self.addr.len = 0;
+        let key = batch.key();
+        if self
+            .address
+            .write_address(&key, rank, &mut self.addr)
+            .is_err()
+        {
+            self.counters.address_errors += 1;
+            self.fail(batch, e, k, FabricError::BadAddress, now);
+            return;
+        }
+        // AddrBuf is filled only through write_str, whole &strs at a time.
+        let Ok(address) = core::str::from_utf8(&self.addr.buf[..self.addr.len]) else {
+            self.counters.address_errors += 1;
+            self.fail(batch, e, k, FabricError::BadAddress, now);
+            return;
+        };
+        self.counters.handshakes_started += 1;
+        match self.fabric.start_handshake(address, now) {
+            Ok(agent) => {
+                let i = self.peer_index(e, k);
+                self.peers[i].status = PeerStatus::Pending(agent);
+                self.peers[i].started_epoch = self.epoch;
+            }
+            Err(err) => self.fail(batch, e, k, err, now),
+        }
+    }
+
+    fn fail(&mut self, batch: &EngineBatch<'_>, e: u32, k: u32, err: FabricError, now: Instant) {
+        self.counters.handshakes_failed += 1;
+        let i = self.peer_index(e, k);
+        let p = &mut self.peers[i];
+        p.failures = p.failures.saturating_add(1);
+        let wait = backoff(
+            self.config.backoff_initial,
+            self.config.backoff_max,
+            p.failures,
+        );
+        p.status = PeerStatus::Failed {
+            retry_at: now.saturating_add(wait),
+            failures: p.failures,
+        };
+        self.last_fabric_error = Some(StepError::Fabric {
+            engine: batch.handle(),
+            rank: self.slots[e as usize].first_rank + k,
+            error: err,
+        });
+    }
+
+    fn service(
+        &mut self,
+        batch: &EngineBatch<'_>,
+        now: Instant,
+        mode: Mode,
+    ) -> Result<(), SenderError> {
+        let e = self.prepare_slot(batch)?;
+        let fan_out = self.slots[e as usize].fan_out;
+        let all_leased = batch.all_leased();
+        let (mut text, mut compact) = (false, false);
+        for k in 0..fan_out {
+            let i = self.peer_index(e, k);
+            self.peers[i].send = Form::None;
+            if mode == Mode::Owed && !self.peers[i].owed {
+                // Got this interval's heartbeat already.
+                continue;
+            }
+            if self.advance(batch, e, k, now) {
+                let form = match self.peers[i].status {
+                    PeerStatus::Ready { compact: true, .. } if all_leased => Form::Compact,
+                    _ => Form::Text,
+                };
+                self.peers[i].send = form;
+                text |= form == Form::Text;
+                compact |= form == Form::Compact;
+            } else {
+                if mode == Mode::Due && !self.peers[i].owed {
+                    self.counters.deferred += 1;
+                }
+                self.set_owed(e, k, true);
+            }
+        }
+        if compact
+            && self
+                .send_form(batch, e, fan_out, Form::Compact, now)
+                .is_err()
+        {
+            // The limit cannot hold one compact record: fall back to text.
+            for k in 0..fan_out {
+                let i = self.peer_index(e, k);
+                if self.peers[i].send == Form::Compact {
+                    self.peers[i].send = Form::Text;
+                    text = true;
+                }
+            }
+        }
+        let mut result = Ok(());
+        if text {
+            if let Err(err) = self.send_form(batch, e, fan_out, Form::Text, now) {
+                result = Err(SenderError::Encode(err));
+            }
+        }
+        // Sweep the peers marked for this batch. A peer whose send failed
+        // was unmarked by `send_form` and stays owed; a batch that cannot be
+        // encoded at all owes nothing (retrying each step would fail the
+        // same way; the next interval tries again).
+        for k in 0..fan_out {
+            let i = self.peer_index(e, k);
+            let p = self.peers[i];
+            self.peers[i].send = Form::None;
+            match (p.send, result.is_ok()) {
+                (Form::None, _) => {}
+                (_, true) => {
+                    if p.owed {
+                        self.counters.deferred_sent += 1;
+                    }
+                    self.set_owed(e, k, false);
+                }
+                (_, false) => self.set_owed(e, k, false),
+            }
+        }
+        result
+    }
+
+    /// Encodes the batch once in `form` and sends every piece to each peer
+    /// marked for that form. A peer whose send fails is unmarked and owed;
+    /// on a connection error it goes back through the handshake, with
+    /// backoff.
+    fn send_form(
+        &mut self,
+        batch: &EngineBatch<'_>,
+        e: u32,
+        fan_out: u32,
+        form: Form,
+        now: Instant,
+    ) -> Result<(), WireError> {
+        let base = self.peer_index(e, 0);
+        let first_rank = self.slots[e as usize].first_rank;
+        let handle = batch.handle();
+        let max_len = self.fabric.max_notification_len().min(self.scratch.len());
+        let (initial, max) = (self.config.backoff_initial, self.config.backoff_max);
+        let HeartbeatSender {
+            fabric,
+            peers,
+            scratch,
+            counters,
+            last_fabric_error,
+            ..
+        } = self;
+        let peers = &mut peers[base..base + fan_out as usize];
+        let mut emit = |msg: &[u8]| {
+            for (k, p) in peers.iter_mut().enumerate() {
+                if p.send != form {
+                    continue;
+                }
+                let PeerStatus::Ready { agent, .. } = p.status else {
+                    debug_assert!(false, "a marked peer is ready");
+                    continue;
+                };
+                match fabric.send_notification(agent, msg) {
+                    Ok(()) => {
+                        counters.messages_sent += 1;
+                        counters.bytes_sent += msg.len() as u64;
+                        if form == Form::Compact {
+                            counters.compact_messages_sent += 1;
+                        }
+                    }
+                    Err(err) => {
+                        counters.send_failed += 1;
+                        // Skip this batch's later pieces for the peer; the
+                        // owed sweep retries it in a later step.
+                        p.send = Form::None;
+                        p.send_failed = true;
+                        if matches!(
+                            err,
+                            FabricError::NotConnected
+                                | FabricError::UnknownAgent
+                                | FabricError::PeerUnreachable
+                        ) {
+                            counters.handshakes_failed += 1;
+                            p.failures = p.failures.saturating_add(1);
+                            p.status = PeerStatus::Failed {
+                                retry_at: now.saturating_add(backoff(initial, max, p.failures)),
+                                failures: p.failures,
+                            };
+                        }
+                        *last_fabric_error = Some(StepError::Fabric {
+                            engine: handle,
+                            rank: first_rank + k as u32,
+                            error: err,
+                        });
+                    }
+                }
+            }
+        };
+        let stats = match form {
+            Form::Compact => {
+                wire::encode_compact_heartbeats(batch.leases(), max_len, scratch, &mut emit)
+            }
+            Form::Text | Form::None => {
+                wire::encode_heartbeats(batch.remote_request_ids(), max_len, scratch, &mut emit)
+            }
+        }?;
+        counters.ids_skipped += u64::from(stats.skipped);
+        // Peers whose send failed inside `emit` (which cannot reach the
+        // owed set) are owed the heartbeat.
+        for k in 0..fan_out {
+            let i = base + k as usize;
+            if self.peers[i].send_failed {
+                self.peers[i].send_failed = false;
+                self.set_owed(e, k, true);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `initial * 2^(failures - 1)`, capped at `max` (and at least `initial`).
+fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
+    let shift = failures.saturating_sub(1).min(31);
+    initial
+        .checked_mul(1u32 << shift)
+        .unwrap_or(max)
+        .min(max.max(initial))
+}
