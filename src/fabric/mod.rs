@@ -31,6 +31,8 @@ use crate::slots::LeaseSlots;
 use std::sync::Arc;
 use crate::time::Instant;
 
+pub mod loopback;
+
 /// A remote agent this fabric has started a handshake with. Issued by the
 /// fabric; meaningful only to the fabric that issued it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
