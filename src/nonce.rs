@@ -113,7 +113,7 @@ fn mix(mut z: u64) -> u64 {
 pub(crate) fn entropy_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0x6b76_6c65_6173_65); // any constant; the key is what is random
+    h.write_u64(0x006b_766c_6561_7365); // any constant; the key is what is random
     h.finish()
 }
 
