@@ -25,6 +25,7 @@
 mod dense_set;
 mod sender;
 mod tracker;
+mod verifier;
 
 pub use sender::{
     DefaultPeerAddress, HeartbeatSender, PeerAddress, PeerStatus, SenderConfig, SenderCounters,
@@ -34,3 +35,4 @@ pub use tracker::{
     EngineBatch, EngineHandle, EngineKey, HeartbeatTracker, ParamProblem, RemotePrefillParams,
     Requests, TrackError, TrackOutcome, TrackedRemote, TrackerCounters, MAX_HOST_LEN,
 };
+pub use verifier::{LeaseVerifier, Verdict, VerifierCounters, VerifyError, VerifyTarget, MAX_TARGETS};
