@@ -503,7 +503,7 @@ impl LoopbackNetwork {
 
     /// Either end crashed or gone, or the pair partitioned.
     fn link_down(&self, from: u32, to: u32) -> bool {
-        let down = |n| self.liveness(n).map_or(true, Liveness::is_down);
+        let down = |n| self.liveness(n).is_none_or(Liveness::is_down);
         down(from) || down(to) || self.link(from, to).is_partitioned()
     }
 
@@ -906,7 +906,7 @@ impl Fabric for LoopbackFabric {
     ) -> Result<usize, FabricError> {
         self.sync_life();
         let net = &*self.net;
-        if net.liveness(self.node).map_or(true, Liveness::is_down) {
+        if net.liveness(self.node).is_none_or(Liveness::is_down) {
             return Ok(0);
         }
         let now = net.clock.load(Ordering::Acquire);

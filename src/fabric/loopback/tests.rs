@@ -18,7 +18,6 @@ fn connect(a: &mut LoopbackFabric, b_name: &str, now: Instant) -> AgentId {
 /// A P agent exporting `slots`, a D agent with a 512-byte landing buffer;
 /// D is connected to P.
 struct World {
-    net: Arc<LoopbackNetwork>,
     p: LoopbackFabric,
     d: LoopbackFabric,
     slots: Arc<LeaseSlots>,
@@ -40,7 +39,6 @@ fn world(cfg: LoopbackConfig) -> World {
     let landing_region = unsafe { d.register_memory(landing.as_mut_ptr(), landing.len()) }.unwrap();
     let to_p = connect(&mut d, "P", t(0));
     World {
-        net,
         p,
         d,
         slots,
