@@ -1,0 +1,219 @@
+//! Benchmarks of `kvlease::wire`: decoding (with every entry iterated) and
+//! encoding of a 256-entry heartbeat, text and compact, each against a naive
+//! baseline measured in the same run (the house rule: speed claims are
+//! ratios against a naive baseline).
+//!
+//! Text ids look like vLLM's (`cmpl-<uuid>-0`, 43 bytes). Run with
+//! `cargo bench --bench wire`; throughput is in message bytes.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
+use kvlease::wire::{self, CompactEntry, Notification};
+use kvlease::Nonce;
+
+const ENTRIES: usize = 256;
+
+/// splitmix64, so the inputs are the same on every run.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// `cmpl-xxxxxxxx-xxxx-4xxx-yxxx-xxxxxxxxxxxx-0`, like vLLM's request ids.
+fn vllm_ids(rng: &mut Rng) -> Vec<String> {
+    (0..ENTRIES)
+        .map(|_| {
+            let (a, b) = (rng.next(), rng.next());
+            format!(
+                "cmpl-{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}-0",
+                a >> 32,
+                (a >> 16) & 0xffff,
+                a & 0xfff,
+                (b >> 48) | 0x8000,
+                b & 0xffff_ffff_ffff
+            )
+        })
+        .collect()
+}
+
+fn compact_entries(rng: &mut Rng) -> Vec<CompactEntry> {
+    (0..ENTRIES)
+        .map(|_| CompactEntry {
+            slot: (rng.next() % 100_000) as u32,
+            nonce: Nonce::new(rng.next() | 1).expect("odd, so non-zero"),
+        })
+        .collect()
+}
+
+fn configure<M: criterion::measurement::Measurement>(g: &mut BenchmarkGroup<'_, M>) {
+    g.warm_up_time(Duration::from_secs(1));
+    g.measurement_time(Duration::from_secs(3));
+}
+
+fn one_message(f: impl FnOnce(&mut [u8], &mut dyn FnMut(&[u8]))) -> Vec<u8> {
+    let mut scratch = vec![0u8; 1 << 16];
+    let mut out = Vec::new();
+    f(&mut scratch, &mut |m| out.push(m.to_vec()));
+    assert_eq!(out.len(), 1, "expected one message");
+    out.remove(0)
+}
+
+fn bench_heartbeat(c: &mut Criterion) {
+    let ids = vllm_ids(&mut Rng(1));
+    let msg = one_message(|scratch, emit| {
+        wire::encode_heartbeats(ids.iter().map(String::as_str), 1 << 16, scratch, emit)
+            .expect("encode");
+    });
+
+    let mut g = c.benchmark_group("wire/heartbeat_decode_256");
+    configure(&mut g);
+    g.throughput(Throughput::Bytes(msg.len() as u64));
+    g.bench_function("kvlease", |b| {
+        b.iter(|| {
+            let mut total = 0usize;
+            if let Ok(Notification::Heartbeat(ids)) = wire::decode(black_box(&msg)) {
+                for id in ids {
+                    total += black_box(id).len();
+                }
+            }
+            total
+        })
+    });
+    g.bench_function("naive_string_split", |b| {
+        b.iter(|| {
+            let s = String::from_utf8(black_box(&msg).to_vec()).expect("utf8");
+            let body = s.strip_prefix("HB:").expect("prefix");
+            let ids: Vec<String> = body.split(',').map(String::from).collect();
+            ids
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("wire/heartbeat_encode_256");
+    configure(&mut g);
+    g.throughput(Throughput::Bytes(msg.len() as u64));
+    let mut scratch = vec![0u8; 1 << 16];
+    g.bench_function("kvlease", |b| {
+        b.iter(|| {
+            let mut len = 0;
+            wire::encode_heartbeats(
+                black_box(&ids).iter().map(String::as_str),
+                1 << 16,
+                &mut scratch,
+                |m| len += black_box(m).len(),
+            )
+            .expect("encode");
+            len
+        })
+    });
+    // The same ids split for a 4 KiB fabric limit (3 messages).
+    g.bench_function("kvlease_split_4k", |b| {
+        b.iter(|| {
+            let mut len = 0;
+            wire::encode_heartbeats(
+                black_box(&ids).iter().map(String::as_str),
+                4096,
+                &mut scratch,
+                |m| len += black_box(m).len(),
+            )
+            .expect("encode");
+            len
+        })
+    });
+    // Same job as ours minus splitting: drop ids that cannot be sent.
+    g.bench_function("naive_filter_join", |b| {
+        b.iter(|| {
+            let ok: Vec<&str> = black_box(&ids)
+                .iter()
+                .map(String::as_str)
+                .filter(|id| !id.is_empty() && !id.contains(','))
+                .collect();
+            format!("HB:{}", ok.join(","))
+        })
+    });
+    // Less than our job: no id checks at all (a lower bound, not a peer).
+    g.bench_function("naive_join_unchecked", |b| {
+        b.iter(|| format!("HB:{}", black_box(&ids).join(",")))
+    });
+    g.finish();
+}
+
+fn bench_compact(c: &mut Criterion) {
+    let entries = compact_entries(&mut Rng(2));
+    let msg = one_message(|scratch, emit| {
+        wire::encode_compact_heartbeats(entries.iter().copied(), 1 << 16, scratch, emit)
+            .expect("encode");
+    });
+
+    let mut g = c.benchmark_group("wire/compact_decode_256");
+    configure(&mut g);
+    g.throughput(Throughput::Bytes(msg.len() as u64));
+    g.bench_function("kvlease", |b| {
+        b.iter(|| {
+            let mut acc = 0u64;
+            if let Ok(Notification::CompactHeartbeat(entries)) = wire::decode(black_box(&msg)) {
+                for e in entries {
+                    acc ^= u64::from(e.slot) ^ e.nonce.get();
+                }
+            }
+            acc
+        })
+    });
+    g.bench_function("naive_from_str_radix", |b| {
+        b.iter(|| {
+            let s = String::from_utf8(black_box(&msg).to_vec()).expect("utf8");
+            let body = s.strip_prefix("HBC:").expect("prefix");
+            let out: Vec<(u32, u64)> = (0..body.len() / 24)
+                .map(|i| {
+                    let r = &body[i * 24..i * 24 + 24];
+                    (
+                        u32::from_str_radix(&r[..8], 16).expect("slot"),
+                        u64::from_str_radix(&r[8..], 16).expect("nonce"),
+                    )
+                })
+                .collect();
+            out
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("wire/compact_encode_256");
+    configure(&mut g);
+    g.throughput(Throughput::Bytes(msg.len() as u64));
+    let mut scratch = vec![0u8; 1 << 16];
+    g.bench_function("kvlease", |b| {
+        b.iter(|| {
+            let mut len = 0;
+            wire::encode_compact_heartbeats(
+                black_box(&entries).iter().copied(),
+                1 << 16,
+                &mut scratch,
+                |m| len += black_box(m).len(),
+            )
+            .expect("encode");
+            len
+        })
+    });
+    g.bench_function("naive_format", |b| {
+        b.iter(|| {
+            use std::fmt::Write;
+            let mut s = String::from("HBC:");
+            for e in black_box(&entries) {
+                let _ = write!(s, "{:08x}{:016x}", e.slot, e.nonce.get());
+            }
+            s
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_heartbeat, bench_compact);
+criterion_main!(benches);
