@@ -35,4 +35,6 @@ pub use tracker::{
     EngineBatch, EngineHandle, EngineKey, HeartbeatTracker, ParamProblem, RemotePrefillParams,
     Requests, TrackError, TrackOutcome, TrackedRemote, TrackerCounters, MAX_HOST_LEN,
 };
-pub use verifier::{LeaseVerifier, Verdict, VerifierCounters, VerifyError, VerifyTarget, MAX_TARGETS};
+pub use verifier::{
+    LeaseVerifier, Verdict, VerifierCounters, VerifyError, VerifyTarget, MAX_TARGETS,
+};

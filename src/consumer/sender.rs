@@ -545,9 +545,8 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         self.epoch += 1;
         report.peers_owed = self.peers_owed();
         report.messages_sent = (self.counters.messages_sent - before) as u32;
-        if report.last_error.is_none() {
-            report.last_error = self.last_fabric_error.take();
-        }
+        let fabric_error = self.last_fabric_error.take();
+        report.last_error = report.last_error.or(fabric_error);
         report
     }
 

@@ -1,0 +1,262 @@
+//! Zero allocation on the D side: after construction, 100,000 steady-state
+//! steps (requests arriving with and without leases, finishing and
+//! completing; engines appearing, disappearing and being refused when full;
+//! tracker `due` feeding two D ranks' senders over P TP 1, 2 and 4 with
+//! deferred, failing and compact peers) allocate exactly nothing.
+//!
+//! A counting `#[global_allocator]` counts allocations made on the test's
+//! own thread while armed (a thread-local flag, so the harness's threads do
+//! not interfere).
+
+#[path = "consumer_support/fake_fabric.rs"]
+mod fake_fabric;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use fake_fabric::{FakeFabric, Policy};
+use kvlease::consumer::{
+    DefaultPeerAddress, HeartbeatSender, HeartbeatTracker, RemotePrefillParams, SenderConfig,
+    TrackOutcome,
+};
+use kvlease::{EngineShape, Instant, LeaseConfig};
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    static ARMED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn count(size: usize) {
+    if ARMED.with(Cell::get) {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(size as u64, Ordering::Relaxed);
+    }
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(new_size);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Writes `prefix` and `n` in decimal into `buf`; returns the text.
+fn id_into<'b>(buf: &'b mut [u8; 32], prefix: &[u8], mut n: u64) -> &'b str {
+    let mut digits = [0u8; 20];
+    let mut k = digits.len();
+    loop {
+        k -= 1;
+        digits[k] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let len = prefix.len() + digits.len() - k;
+    buf[..prefix.len()].copy_from_slice(prefix);
+    buf[prefix.len()..len].copy_from_slice(&digits[k..]);
+    std::str::from_utf8(&buf[..len]).unwrap()
+}
+
+/// 18 engines for 16 engine slots: once 16 are live, the other two are
+/// refused (typed, counted) until one of the live ones empties.
+const ENGINES: [&str; 18] = [
+    "e00", "e01", "e02", "e03", "e04", "e05", "e06", "e07", "e08", "e09", "e10", "e11", "e12",
+    "e13", "e14", "e15", "e16", "e17",
+];
+const STEPS: u64 = 100_000;
+const TARGET_LIVE: usize = 2_000;
+
+#[test]
+fn steady_state_d_steps_allocate_nothing() {
+    // ---- construction (may allocate) ----
+    let mut config = LeaseConfig::new(EngineShape {
+        num_kv_blocks: 8192,
+        max_num_seqs: 256,
+    });
+    config.max_tracked_requests = 4096;
+    config.max_remote_engines = 16;
+    config.validate().unwrap();
+    let mut tracker = HeartbeatTracker::new(&config);
+    let make_fabric = || {
+        // Notifications of at most 512 bytes force splitting; the log keeps
+        // the first 1,024 messages, the counters count all of them.
+        let mut f = FakeFabric::new(512, 256, 1024, 1 << 18);
+        f.set_policy(
+            "p0:5600/e03/",
+            Policy {
+                fail_attempts: u32::MAX,
+                ..Policy::default()
+            },
+        );
+        f.set_policy(
+            "p0:5600/e04/",
+            Policy {
+                ready_after_polls: 3,
+                compact: true,
+                ..Policy::default()
+            },
+        );
+        f.set_default_policy(Policy {
+            compact: true,
+            ..Policy::default()
+        });
+        f
+    };
+    let mut senders: Vec<HeartbeatSender<FakeFabric, DefaultPeerAddress>> = (0..2)
+        .map(|rank| {
+            let cfg = SenderConfig::new(&config, 2, rank);
+            HeartbeatSender::new(make_fabric(), DefaultPeerAddress, cfg).unwrap()
+        })
+        .collect();
+    let mut live: Vec<u64> = Vec::with_capacity(8192);
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut now = Instant::from_secs(1);
+    let mut next_id = 0u64;
+    let mut started = 0u64;
+    let mut refused = 0u64;
+    let mut d_buf = [0u8; 32];
+    let mut p_buf = [0u8; 32];
+
+    // The counter counts: one armed allocation is seen, then reset.
+    ARMED.with(|a| a.set(true));
+    drop(std::hint::black_box(Vec::<u8>::with_capacity(24)));
+    ARMED.with(|a| a.set(false));
+    assert_eq!(ALLOCS.swap(0, Ordering::Relaxed), 1);
+    assert_eq!(BYTES.swap(0, Ordering::Relaxed), 24);
+
+    // ---- steady state: nothing below may allocate ----
+    ARMED.with(|a| a.set(true));
+    for step in 0..STEPS {
+        // Two regimes: a large stable population, then a small one in which
+        // engines keep emptying, disappearing and coming back (slot reuse,
+        // fresh handshakes, dropped deferred heartbeats).
+        let target = if step < STEPS / 2 { TARGET_LIVE } else { 12 };
+        now = now + Duration::from_millis(50);
+        // Arrivals: 2 a step.
+        for _ in 0..2 {
+            let r = next();
+            let n = next_id;
+            next_id += 1;
+            let e = (r % ENGINES.len() as u64) as usize;
+            let engine = ENGINES[e];
+            // P TP per engine: 1, 2 or 4 (fan-out 1, 1, 2 from D TP 2).
+            let tp = [1, 2, 4][e % 3];
+            // Every fourth engine gets some requests without a lease (text
+            // heartbeats); the others are all leased (compact).
+            let leased = e % 4 != 0 || (r >> 16) % 8 != 0;
+            let d = id_into(&mut d_buf, b"cmpl-d-", n);
+            let p = id_into(&mut p_buf, b"cmpl-p-0123456789abcdef-", n);
+            let params = RemotePrefillParams {
+                do_remote_prefill: (r >> 24) % 16 != 0,
+                remote_engine_id: Some(engine),
+                remote_request_id: Some(p),
+                remote_host: Some("p0"),
+                remote_port: Some(5600),
+                // Engine e05 always arrives with tp 3: cannot map to D TP 2.
+                tp_size: Some(if engine == "e05" { 3 } else { tp }),
+                remote_lease_slot: leased.then_some((n % 4096) as u32),
+                remote_lease_nonce: leased.then_some(n + 1),
+                ..Default::default()
+            };
+            match tracker.on_new_request(d, &params, now) {
+                Ok(TrackOutcome::Started) => {
+                    started += 1;
+                    live.push(n);
+                }
+                Ok(_) => {}
+                Err(_) => refused += 1,
+            }
+        }
+        // Departures: transfer complete or finished, 2 a step once the
+        // population reached its target (so about `target` stay tracked).
+        for k in 0..2 {
+            if live.len() < target {
+                break;
+            }
+            let at = (next() % live.len() as u64) as usize;
+            let n = live.swap_remove(at);
+            let d = id_into(&mut d_buf, b"cmpl-d-", n);
+            let stopped = if k == 0 {
+                tracker.on_transfer_complete(d)
+            } else {
+                tracker.on_request_finished(d)
+            };
+            assert!(stopped);
+        }
+        // An untracked finish (vLLM reports every request).
+        let d = id_into(&mut d_buf, b"never-", next() % 1000);
+        assert!(!tracker.on_request_finished(d));
+        // The heartbeat step for both D ranks.
+        let [s0, s1] = &mut senders[..] else {
+            unreachable!()
+        };
+        tracker.due(now, |b| {
+            let _ = s0.send_due(&b, now);
+            let _ = s1.send_due(&b, now);
+        });
+        s0.finish_step(&tracker, now);
+        s1.finish_step(&tracker, now);
+    }
+    ARMED.with(|a| a.set(false));
+
+    let allocs = ALLOCS.load(Ordering::Relaxed);
+    let bytes = BYTES.load(Ordering::Relaxed);
+    // Make sure the run exercised what it claims to.
+    let tc = *tracker.counters();
+    let c0 = *senders[0].counters();
+    let c1 = *senders[1].counters();
+    eprintln!("tracker: {tc:?}");
+    eprintln!("rank 0: {c0:?}");
+    eprintln!("rank 1: {c1:?}");
+    assert!(started > 100_000, "{started}");
+    assert!(tc.requests_due > 1_000_000, "the large regime heartbeats");
+    assert!(refused > 0 && tc.refused_engines_full > 0);
+    assert!(tc.ignored_not_remote_prefill > 0);
+    assert!(tc.stopped_transfer_complete > 0 && tc.stopped_finished > 0);
+    for c in [c0, c1] {
+        assert!(c.messages_sent > 10_000, "{c:?}");
+        assert!(c.compact_messages_sent > 0 && c.compact_messages_sent < c.messages_sent);
+        assert!(c.deferred_sent > 0, "ready_after_polls 3 peers");
+        assert!(c.deferred_dropped > 0, "engines vanish while owed");
+        assert!(c.handshakes_failed > 100, "e03 never connects");
+        assert!(c.engines_refused > 0, "e05 has an unmappable TP");
+    }
+    for s in &senders {
+        assert!(
+            s.fabric().unlogged > 0,
+            "messages beyond the log were counted"
+        );
+    }
+    assert_eq!(
+        (allocs, bytes),
+        (0, 0),
+        "steady-state D steps allocated {allocs} times ({bytes} bytes)"
+    );
+}
