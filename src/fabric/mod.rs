@@ -32,6 +32,8 @@ use std::sync::Arc;
 use crate::time::Instant;
 
 pub mod loopback;
+#[cfg(all(feature = "nixl", not(loom)))]
+pub mod nixl;
 
 /// A remote agent this fabric has started a handshake with. Issued by the
 /// fabric; meaningful only to the fabric that issued it.

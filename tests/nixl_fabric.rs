@@ -1,0 +1,842 @@
+#![cfg(feature = "nixl")]
+//! The real NIXL fabric between real NIXL agents (UCX over shared memory and
+//! loopback TCP): handshakes, notifications both ways, READs of registered
+//! DRAM and of a remote lease-slot word, and a two-process test whose peer is
+//! killed mid-conversation.
+//!
+//! Needs `libnixl_capi.so` on `LD_LIBRARY_PATH`:
+//!
+//! ```text
+//! eval "$(.ci/nixl-runtime.sh | tail -1)"
+//! KVLEASE_REQUIRE_NIXL=1 cargo test --features nixl --test nixl_fabric
+//! ```
+//!
+//! Without the runtime every test prints `SKIPPED: NIXL runtime not found
+//! (run .ci/nixl-runtime.sh)` and passes, unless `KVLEASE_REQUIRE_NIXL=1`,
+//! which makes the absence a failure (CI sets it).
+//!
+//! The tests of this file hold one lock, so they run one at a time: their
+//! latency numbers are not disturbed by each other on a 2-core machine.
+//! Waits are poll loops with deadlines of seconds; nothing sleeps for a fixed
+//! time and then asserts.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use kvlease::fabric::nixl::{
+    runtime_available, NixlConfig, NixlFabric, ProgressMode, STATUS_INVALID_PARAM,
+};
+use kvlease::fabric::{
+    AgentId, Fabric, FabricError, HandshakeState, PeerInfo, ReadDesc, RegionId, XferId, XferState,
+};
+use kvlease::{EngineShape, LeaseBook, LeaseConfig, LeaseSlots, MonotonicClock};
+
+/// Environment switch: this test binary runs as the two-process test's peer.
+const CHILD_ENV: &str = "KVLEASE_NIXL_CHILD";
+/// What the child prints once it listens: `KVLEASE_CHILD_READY <addr>`.
+const READY_LINE: &str = "KVLEASE_CHILD_READY ";
+/// Words of the child's exported region.
+const CHILD_WORDS: usize = 64;
+/// Generous bound for every wait.
+const WAIT: Duration = Duration::from_secs(10);
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Writes straight to the process's stderr, past libtest's output capture.
+fn say(msg: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{msg}");
+}
+
+/// Serializes the tests and decides whether they can run: `None` means
+/// skip (the runtime is absent and not required).
+fn nixl_or_skip() -> Option<MutexGuard<'static, ()>> {
+    let guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if runtime_available() {
+        return Some(guard);
+    }
+    if std::env::var("KVLEASE_REQUIRE_NIXL").as_deref() == Ok("1") {
+        panic!(
+            "NIXL runtime not found (libnixl_capi.so not loadable) and KVLEASE_REQUIRE_NIXL=1: \
+             run .ci/nixl-runtime.sh and export the LD_LIBRARY_PATH it prints"
+        );
+    }
+    say("SKIPPED: NIXL runtime not found (run .ci/nixl-runtime.sh)");
+    None
+}
+
+fn unique_name(role: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "kvl-{role}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn fabric(role: &str, clock: MonotonicClock, progress: ProgressMode) -> NixlFabric {
+    let mut cfg = NixlConfig::new(unique_name(role));
+    cfg.clock = clock;
+    cfg.progress = progress;
+    cfg.transfer_timeout = Duration::from_secs(2);
+    NixlFabric::new(cfg).expect("NIXL fabric")
+}
+
+/// Polls `f` until it yields, for at most `limit` of real time.
+fn poll_until<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Handshakes `from` with `to`, polling both (engine-loop progress needs
+/// every side to poll).
+fn connect(
+    from: &mut NixlFabric,
+    to: &mut NixlFabric,
+    clock: MonotonicClock,
+) -> (AgentId, PeerInfo) {
+    let addr = to.listen_addr().to_string();
+    let id = from.start_handshake(&addr, clock.now()).unwrap();
+    let info = poll_until(WAIT, || {
+        to.drain_notifications(&mut |_, _| {}).unwrap();
+        match from.handshake_state(id, clock.now()) {
+            HandshakeState::Ready(info) => Some(info),
+            HandshakeState::Pending => None,
+            HandshakeState::Failed(e) => panic!("handshake {} -> {addr} failed: {e}", from.name()),
+        }
+    })
+    .expect("handshake did not complete in time");
+    (id, info)
+}
+
+/// Drains `f` until a notification arrives; returns (sender, bytes).
+fn recv_one(f: &mut NixlFabric, others: &mut [&mut NixlFabric]) -> (String, Vec<u8>) {
+    let mut got = None;
+    poll_until(WAIT, || {
+        f.drain_notifications(&mut |s, m| {
+            if got.is_none() {
+                got = Some((s.to_owned(), m.to_vec()));
+            }
+        })
+        .unwrap();
+        for o in others.iter_mut() {
+            o.drain_notifications(&mut |_, _| {}).unwrap();
+        }
+        got.take()
+    })
+    .expect("no notification arrived in time")
+}
+
+/// Polls a READ to its end, polling `target` too; what `target` receives
+/// meanwhile is kept in `heard` (sender, bytes).
+fn finish_hearing(
+    d: &mut NixlFabric,
+    target: &mut NixlFabric,
+    x: XferId,
+    clock: MonotonicClock,
+    heard: &mut Vec<(String, Vec<u8>)>,
+) -> XferState {
+    poll_until(WAIT, || {
+        target
+            .drain_notifications(&mut |s, m| heard.push((s.to_owned(), m.to_vec())))
+            .unwrap();
+        match d.read_state(x, clock.now()) {
+            XferState::InProgress => None,
+            s => Some(s),
+        }
+    })
+    .expect("READ neither finished nor failed in time")
+}
+
+/// [`finish_hearing`] for READs without a notification: `target` must hear
+/// nothing.
+fn finish(
+    d: &mut NixlFabric,
+    target: &mut NixlFabric,
+    x: XferId,
+    clock: MonotonicClock,
+) -> XferState {
+    let mut heard = Vec::new();
+    let s = finish_hearing(d, target, x, clock, &mut heard);
+    assert_eq!(heard, Vec::new(), "a READ without notification was heard");
+    s
+}
+
+fn desc(
+    local: RegionId,
+    local_offset: u64,
+    remote: RegionId,
+    remote_offset: u64,
+    len: u64,
+) -> ReadDesc {
+    ReadDesc {
+        local,
+        local_offset,
+        remote,
+        remote_offset,
+        len,
+    }
+}
+
+/// A word buffer registered with a fabric; kept alive by the test.
+fn register_words(f: &mut NixlFabric, words: &mut [u64]) -> RegionId {
+    // SAFETY: every caller keeps `words` alive and unmoved until its fabric
+    // is dropped (the buffers are declared before the fabrics they are
+    // registered with or outlive them explicitly), and reads it only after
+    // the READs that target it have finished.
+    unsafe { f.register_memory(words.as_mut_ptr().cast(), std::mem::size_of_val(words)) }.unwrap()
+}
+
+fn read_word(words: &[u64], i: usize) -> u64 {
+    // The fabric wrote the buffer behind the compiler's back.
+    // SAFETY: `i` is in bounds (indexing panics otherwise before the read)
+    // and the READ that wrote it has finished.
+    unsafe { std::ptr::read_volatile(&words[i]) }
+}
+
+#[test]
+fn handshake_advertises_slots_regions_and_a_clock_sample() {
+    let Some(_g) = nixl_or_skip() else { return };
+    let clock = MonotonicClock::new();
+    let slots = Arc::new(LeaseSlots::new(64));
+    let mut kv = vec![0u64; 16];
+    let mut p = fabric("p", clock, ProgressMode::EngineLoop);
+    let mut d = fabric("d", clock, ProgressMode::EngineLoop);
+    assert_eq!(p.register_slots(slots.clone(), true).unwrap(), RegionId(0));
+    assert_eq!(register_words(&mut p, &mut kv), RegionId(1));
+
+    let (id, info) = connect(&mut d, &mut p, clock);
+    assert_eq!(info.slot_region, Some(RegionId(0)));
+    assert_eq!(info.slot_count, 64);
+    assert!(info.compact_heartbeats);
+    let c = info.clock.expect("clock sample");
+    assert!(
+        c.local_send <= c.remote && c.remote <= c.local_recv,
+        "{c:?}"
+    );
+
+    // Same address: same agent, still ready. Unknown id: typed failure.
+    let again = d
+        .start_handshake(&p.listen_addr().to_string(), clock.now())
+        .unwrap();
+    assert_eq!(again, id);
+    assert!(matches!(
+        d.handshake_state(id, clock.now()),
+        HandshakeState::Ready(_)
+    ));
+    assert_eq!(
+        d.handshake_state(AgentId(77), clock.now()),
+        HandshakeState::Failed(FabricError::UnknownAgent)
+    );
+
+    // A P without slots advertises none.
+    let (_, plain) = connect(&mut p, &mut d, clock);
+    assert_eq!((plain.slot_region, plain.slot_count), (None, 0));
+    assert!(!plain.compact_heartbeats);
+}
+
+#[test]
+fn handshake_failures_are_typed_and_prompt() {
+    let Some(_g) = nixl_or_skip() else { return };
+    let clock = MonotonicClock::new();
+    let mut d = fabric("d", clock, ProgressMode::EngineLoop);
+    // A port nobody listens on: bind one, learn it, close it.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let cases = [
+        (dead.as_str(), FabricError::PeerUnreachable),
+        ("no-port-here", FabricError::BadAddress),
+    ];
+    for (addr, want) in cases {
+        let id = d.start_handshake(addr, clock.now()).unwrap();
+        let got = poll_until(WAIT, || match d.handshake_state(id, clock.now()) {
+            HandshakeState::Pending => None,
+            s => Some(s),
+        });
+        assert_eq!(got, Some(HandshakeState::Failed(want)), "{addr}");
+        assert_eq!(
+            d.send_notification(id, b"x"),
+            Err(FabricError::NotConnected)
+        );
+    }
+    assert_eq!(
+        d.start_handshake("", clock.now()),
+        Err(FabricError::BadAddress)
+    );
+
+    // A listener that accepts and answers garbage.
+    let garbage = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gaddr = garbage.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        if let Ok((mut s, _)) = garbage.accept() {
+            let mut req = [0u8; 8];
+            let _ = std::io::Read::read_exact(&mut s, &mut req);
+            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\nnot a kvlease listener");
+        }
+    });
+    let id = d.start_handshake(&gaddr, clock.now()).unwrap();
+    let got = poll_until(WAIT, || match d.handshake_state(id, clock.now()) {
+        HandshakeState::Pending => None,
+        s => Some(s),
+    });
+    assert_eq!(
+        got,
+        Some(HandshakeState::Failed(FabricError::PeerUnreachable))
+    );
+    server.join().unwrap();
+}
+
+#[test]
+fn notifications_flow_both_ways() {
+    let Some(_g) = nixl_or_skip() else { return };
+    let clock = MonotonicClock::new();
+    let mut a = fabric("a", clock, ProgressMode::EngineLoop);
+    let mut b = fabric("b", clock, ProgressMode::EngineLoop);
+    let (to_b, _) = connect(&mut a, &mut b, clock);
+    let (to_a, _) = connect(&mut b, &mut a, clock);
+
+    a.send_notification(to_b, b"HB:req-1,req-2").unwrap();
+    assert_eq!(
+        recv_one(&mut b, &mut [&mut a]),
+        (a.name().to_owned(), b"HB:req-1,req-2".to_vec())
+    );
+    b.send_notification(to_a, b"req-1:1").unwrap();
+    assert_eq!(
+        recv_one(&mut a, &mut [&mut b]),
+        (b.name().to_owned(), b"req-1:1".to_vec())
+    );
+
+    // Bytes that are not UTF-8 still arrive intact (nixl-sys's take_notifs
+    // refuses them; the fabric falls back to the byte API).
+    let binary = [0xff, 0x00, 0xfe, b'x'];
+    a.send_notification(to_b, &binary).unwrap();
+    assert_eq!(recv_one(&mut b, &mut [&mut a]).1, binary.to_vec());
+    assert_eq!(b.stats().notification_map_resets, 1);
+    // ... and the map is usable afterwards.
+    a.send_notification(to_b, b"after").unwrap();
+    assert_eq!(recv_one(&mut b, &mut [&mut a]).1, b"after".to_vec());
+
+    // Many in one step arrive in order.
+    for i in 0..100u32 {
+        a.send_notification(to_b, format!("m{i}").as_bytes())
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    poll_until(WAIT, || {
+        b.drain_notifications(&mut |_, m| seen.push(m.to_vec()))
+            .unwrap();
+        a.drain_notifications(&mut |_, _| {}).unwrap();
+        (seen.len() >= 100).then_some(())
+    })
+    .expect("100 notifications in time");
+    let want: Vec<Vec<u8>> = (0..100).map(|i| format!("m{i}").into_bytes()).collect();
+    assert_eq!(seen, want);
+
+    // Limits.
+    let max = a.max_notification_len();
+    assert_eq!(
+        a.send_notification(to_b, &vec![b'x'; max + 1]),
+        Err(FabricError::MessageTooLarge)
+    );
+    a.send_notification(to_b, &vec![b'y'; max]).unwrap();
+    assert_eq!(recv_one(&mut b, &mut [&mut a]).1.len(), max);
+    assert_eq!(
+        a.send_notification(AgentId(9), b"x"),
+        Err(FabricError::UnknownAgent)
+    );
+    assert_eq!(a.drain_notifications(&mut |_, _| {}), Ok(0));
+}
+
+#[test]
+fn read_of_registered_dram_with_and_without_notification() {
+    let Some(_g) = nixl_or_skip() else { return };
+    let clock = MonotonicClock::new();
+    let mut src: Vec<u64> = (0..64).map(|i| 0xA5A5_0000_0000_0000 | i).collect();
+    let mut dst = vec![0u64; 64];
+    let slots = Arc::new(LeaseSlots::new(8));
+    let mut p = fabric("p", clock, ProgressMode::EngineLoop);
+    let mut d = fabric("d", clock, ProgressMode::EngineLoop);
+    let p_src = register_words(&mut p, &mut src);
+    let d_slots = d.register_slots(slots, false).unwrap();
+    let d_dst = register_words(&mut d, &mut dst);
+    let (pid, _) = connect(&mut d, &mut p, clock);
+
+    // Two descriptors, no notification.
+    let descs = [
+        desc(d_dst, 0, p_src, 8 * 10, 8 * 4),
+        desc(d_dst, 8 * 32, p_src, 0, 8),
+    ];
+    let x = d.post_read(pid, &descs, None, clock.now()).unwrap();
+    assert_eq!(finish(&mut d, &mut p, x, clock), XferState::Done);
+    for i in 0..4 {
+        assert_eq!(read_word(&dst, i), src[10 + i]);
+    }
+    assert_eq!(read_word(&dst, 32), src[0]);
+    assert_eq!(
+        d.read_state(x, clock.now()),
+        XferState::Failed(FabricError::UnknownXfer)
+    );
+    assert_eq!(p.drain_notifications(&mut |_, _| {}), Ok(0));
+
+    // The same descriptors with a notification: the prepared request is
+    // re-posted, and P hears "read done" from D.
+    let misses = d.stats().request_cache_misses;
+    // SAFETY: no READ is in flight; P's region is only read remotely.
+    unsafe { std::ptr::write_volatile(src.as_mut_ptr().add(10), 4242) };
+    let x = d
+        .post_read(pid, &descs, Some(b"req-7:1"), clock.now())
+        .unwrap();
+    let mut heard = Vec::new();
+    assert_eq!(
+        finish_hearing(&mut d, &mut p, x, clock, &mut heard),
+        XferState::Done
+    );
+    assert_eq!(read_word(&dst, 0), 4242);
+    if heard.is_empty() {
+        heard.push(recv_one(&mut p, &mut [&mut d]));
+    }
+    assert_eq!(heard, vec![(d.name().to_owned(), b"req-7:1".to_vec())]);
+    assert_eq!(
+        d.stats().request_cache_misses,
+        misses,
+        "re-post allocated a new request"
+    );
+    assert!(d.stats().request_cache_hits >= 1);
+
+    // Typed refusals, before anything reaches NIXL.
+    let bad = [
+        (desc(d_dst, 0, p_src, 8 * 63, 16), FabricError::OutOfBounds),
+        (desc(d_dst, 8 * 63, p_src, 0, 16), FabricError::OutOfBounds),
+        (
+            desc(d_dst, 0, p_src, u64::MAX - 3, 8),
+            FabricError::OutOfBounds,
+        ),
+        (desc(d_dst, 0, p_src, 0, 0), FabricError::OutOfBounds),
+        (
+            desc(d_dst, 0, RegionId(5), 0, 8),
+            FabricError::UnknownRegion,
+        ),
+        (
+            desc(RegionId(9), 0, p_src, 0, 8),
+            FabricError::UnknownRegion,
+        ),
+        // The lease-slot array is not a landing region.
+        (desc(d_slots, 0, p_src, 0, 8), FabricError::UnknownRegion),
+    ];
+    for (dsc, want) in bad {
+        assert_eq!(
+            d.post_read(pid, &[dsc], None, clock.now()),
+            Err(want),
+            "{dsc:?}"
+        );
+    }
+    assert_eq!(
+        d.post_read(pid, &[], None, clock.now()),
+        Err(FabricError::Backend(STATUS_INVALID_PARAM))
+    );
+    let big = vec![b'z'; d.max_notification_len() + 1];
+    assert_eq!(
+        d.post_read(pid, &descs, Some(&big), clock.now()),
+        Err(FabricError::MessageTooLarge)
+    );
+    assert_eq!(
+        d.post_read(AgentId(3), &descs, None, clock.now()),
+        Err(FabricError::UnknownAgent)
+    );
+
+    // Cancel: the id is forgotten, the next READ of the set still works.
+    let x = d.post_read(pid, &descs, None, clock.now()).unwrap();
+    d.cancel_read(x);
+    d.cancel_read(x);
+    assert_eq!(
+        d.read_state(x, clock.now()),
+        XferState::Failed(FabricError::UnknownXfer)
+    );
+    let x = d.post_read(pid, &descs, None, clock.now()).unwrap();
+    assert_eq!(finish(&mut d, &mut p, x, clock), XferState::Done);
+
+    // Concurrent READs of one set use two requests; both finish.
+    let x1 = d.post_read(pid, &descs, None, clock.now()).unwrap();
+    let x2 = d.post_read(pid, &descs, None, clock.now()).unwrap();
+    assert_ne!(x1, x2);
+    assert_eq!(finish(&mut d, &mut p, x1, clock), XferState::Done);
+    assert_eq!(finish(&mut d, &mut p, x2, clock), XferState::Done);
+    drop(d);
+    drop(p);
+}
+
+#[test]
+fn read_of_a_remote_lease_slot_word_sees_the_granted_nonce() {
+    let Some(_g) = nixl_or_skip() else { return };
+    let clock = MonotonicClock::new();
+    let config = LeaseConfig::new(EngineShape {
+        num_kv_blocks: 56,
+        max_num_seqs: 8,
+    });
+    let mut book = LeaseBook::new(&config, clock.now());
+    let slots = book.rank_slots(0).unwrap().clone();
+    assert_eq!(slots.len(), 64);
+    let mut landing = vec![u64::MAX; 64];
+    let mut p = fabric("p", clock, ProgressMode::EngineLoop);
+    let mut d = fabric("d", clock, ProgressMode::EngineLoop);
+    let region = p.register_slots(slots.clone(), true).unwrap();
+    let d_land = register_words(&mut d, &mut landing);
+    let (pid, info) = connect(&mut d, &mut p, clock);
+    assert_eq!(info.slot_region, Some(region));
+
+    let grant = book.grant("req-slot", clock.now()).unwrap();
+    let (slot, nonce) = grant.lease_fields().expect("a verifiable lease");
+    let word = |slot: u32| {
+        desc(
+            d_land,
+            8 * u64::from(slot),
+            region,
+            LeaseSlots::offset_of(slot),
+            8,
+        )
+    };
+    let x = d.post_read(pid, &[word(slot)], None, clock.now()).unwrap();
+    assert_eq!(finish(&mut d, &mut p, x, clock), XferState::Done);
+    assert_eq!(read_word(&landing, slot as usize), nonce.get());
+
+    // A slot nobody holds reads 0; the whole array in one descriptor too.
+    let free = (slot + 1) % 64;
+    let x = d.post_read(pid, &[word(free)], None, clock.now()).unwrap();
+    assert_eq!(finish(&mut d, &mut p, x, clock), XferState::Done);
+    assert_eq!(read_word(&landing, free as usize), 0);
+    landing.iter_mut().for_each(|w| *w = u64::MAX);
+    let all = desc(d_land, 0, region, 0, 8 * 64);
+    let x = d.post_read(pid, &[all], None, clock.now()).unwrap();
+    assert_eq!(finish(&mut d, &mut p, x, clock), XferState::Done);
+    for s in 0..64u32 {
+        assert_eq!(
+            read_word(&landing, s as usize),
+            slots.load(s).unwrap(),
+            "slot {s}"
+        );
+    }
+    // Beyond the advertised array: refused.
+    assert_eq!(
+        d.post_read(pid, &[word(64)], None, clock.now()),
+        Err(FabricError::OutOfBounds)
+    );
+    drop(d);
+    drop(p);
+}
+
+// ---- latency measurements (numbers quoted in src/fabric/nixl.rs) ---------------
+
+fn percentile(v: &mut [u64], q: usize) -> u64 {
+    v.sort_unstable();
+    v[(v.len() - 1) * q / 100]
+}
+
+fn measure(progress: ProgressMode, label: &str) {
+    let clock = MonotonicClock::new();
+    let slots = Arc::new(LeaseSlots::new(64));
+    let mut landing = vec![0u64; 64];
+    let mut p = fabric("mp", clock, progress);
+    let mut d = fabric("md", clock, progress);
+    let region = p.register_slots(slots, true).unwrap();
+    let d_land = register_words(&mut d, &mut landing);
+    let (to_p, _) = connect(&mut d, &mut p, clock);
+    let (to_d, _) = connect(&mut p, &mut d, clock);
+
+    const N: usize = 2000;
+    let mut rtt = Vec::with_capacity(N);
+    for i in 0..N + 100 {
+        let t = std::time::Instant::now();
+        d.send_notification(to_p, b"HBC:1").unwrap();
+        let mut got = false;
+        poll_until(WAIT, || {
+            p.drain_notifications(&mut |_, _| got = true).unwrap();
+            got.then_some(())
+        })
+        .expect("ping");
+        p.send_notification(to_d, b"ack").unwrap();
+        let mut got = false;
+        poll_until(WAIT, || {
+            d.drain_notifications(&mut |_, _| got = true).unwrap();
+            got.then_some(())
+        })
+        .expect("pong");
+        if i >= 100 {
+            rtt.push(t.elapsed().as_nanos() as u64);
+        }
+    }
+    let all = [desc(d_land, 0, region, 0, 8 * 64)];
+    let mut read = Vec::with_capacity(N);
+    for i in 0..N + 100 {
+        let t = std::time::Instant::now();
+        let x = d.post_read(to_p, &all, None, clock.now()).unwrap();
+        let s = poll_until(WAIT, || match d.read_state(x, clock.now()) {
+            XferState::InProgress => None,
+            s => Some(s),
+        });
+        assert_eq!(s, Some(XferState::Done));
+        if i >= 100 {
+            read.push(t.elapsed().as_nanos() as u64);
+        }
+        if i % 64 == 0 {
+            p.drain_notifications(&mut |_, _| {}).unwrap();
+        }
+    }
+    let (r50, r99) = (percentile(&mut rtt, 50), percentile(&mut rtt, 99));
+    let (x50, x99) = (percentile(&mut read, 50), percentile(&mut read, 99));
+    say(&format!(
+        "nixl {label}: notification round trip p50 {:.1} us p99 {:.1} us; 64-slot READ p50 {:.1} us p99 {:.1} us; request cache hits {} misses {}",
+        r50 as f64 / 1e3,
+        r99 as f64 / 1e3,
+        x50 as f64 / 1e3,
+        x99 as f64 / 1e3,
+        d.stats().request_cache_hits,
+        d.stats().request_cache_misses,
+    ));
+    assert_eq!(
+        d.stats().request_cache_misses,
+        1,
+        "the 64-slot READ is prepared once"
+    );
+    // Sanity bounds only (shared CI machines are noisy).
+    assert!(r50 < 50_000_000, "notification round trip p50 {r50} ns");
+    assert!(x50 < 50_000_000, "READ p50 {x50} ns");
+    drop(d);
+    drop(p);
+}
+
+#[test]
+fn measure_progress_modes() {
+    let Some(_g) = nixl_or_skip() else { return };
+    measure(ProgressMode::EngineLoop, "engine loop, ucx none");
+    measure(
+        ProgressMode::Thread { delay_us: 1000 },
+        "progress thread 1000 us, ucx none",
+    );
+}
+
+// ---- two processes ---------------------------------------------------------------
+
+/// The peer of `killed_peer_process_fails_reads_with_a_typed_error`. A no-op
+/// unless `KVLEASE_NIXL_CHILD=1` (the parent test re-executes this binary
+/// with it). Exports a region of known words, answers handshakes, handshakes
+/// back when told an address, echoes `ping:N` as `pong:N`, and exits after
+/// 60 s at the latest, or on `bye`.
+#[test]
+fn child_peer_process() {
+    if std::env::var(CHILD_ENV).as_deref() != Ok("1") {
+        return;
+    }
+    let clock = MonotonicClock::new();
+    let mut words: Vec<u64> = (0..CHILD_WORDS as u64).map(|i| i * 7 + 1).collect();
+    let mut f = fabric("child", clock, ProgressMode::EngineLoop);
+    register_words(&mut f, &mut words);
+    println!("{READY_LINE}{}", f.listen_addr());
+    std::io::stdout().flush().unwrap();
+    let mut parent: Option<AgentId> = None;
+    let mut inbox: Vec<Vec<u8>> = Vec::new();
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        f.drain_notifications(&mut |_, m| inbox.push(m.to_vec()))
+            .unwrap();
+        for m in inbox.drain(..) {
+            if let Some(addr) = m.strip_prefix(b"addr=") {
+                let addr = String::from_utf8_lossy(addr).into_owned();
+                parent = Some(f.start_handshake(&addr, clock.now()).unwrap());
+            } else if let Some(n) = m.strip_prefix(b"ping:") {
+                if let Some(to) = parent {
+                    let mut reply = b"pong:".to_vec();
+                    reply.extend_from_slice(n);
+                    let _ = f.send_notification(to, &reply);
+                }
+            } else if m == b"bye" {
+                return;
+            }
+        }
+        if let Some(to) = parent {
+            if let HandshakeState::Ready(_) = f.handshake_state(to, clock.now()) {
+                // Announce once.
+                if f.stats().notifications_sent == 0 {
+                    f.send_notification(to, b"hello").unwrap();
+                }
+            }
+        }
+        std::thread::yield_now();
+    }
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_child() -> (KillOnDrop, String) {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args([
+            "--exact",
+            "child_peer_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("re-execute the test binary");
+    let out = child.stdout.take().unwrap();
+    let child = KillOnDrop(child);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if let Some((_, addr)) = line.split_once(READY_LINE) {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(addr.trim().to_owned());
+                }
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("child did not report its address");
+    (child, addr)
+}
+
+#[test]
+fn killed_peer_process_fails_reads_with_a_typed_error() {
+    let Some(_g) = nixl_or_skip() else { return };
+    let clock = MonotonicClock::new();
+    let mut landing = vec![0u64; CHILD_WORDS];
+    let mut d = fabric("parent", clock, ProgressMode::EngineLoop);
+    let d_land = register_words(&mut d, &mut landing);
+    let (mut child, addr) = spawn_child();
+
+    let id = d.start_handshake(&addr, clock.now()).unwrap();
+    let info = poll_until(WAIT, || match d.handshake_state(id, clock.now()) {
+        HandshakeState::Ready(info) => Some(info),
+        HandshakeState::Pending => None,
+        HandshakeState::Failed(e) => panic!("handshake with the child failed: {e}"),
+    })
+    .expect("handshake with the child in time");
+    assert_eq!(info.slot_region, None);
+    let c = info.clock.unwrap();
+    assert!(c.local_send <= c.local_recv);
+
+    // READ across processes.
+    let all = [desc(d_land, 0, RegionId(0), 0, 8 * CHILD_WORDS as u64)];
+    let poll_read = |d: &mut NixlFabric, x: XferId| {
+        poll_until(Duration::from_secs(20), || {
+            match d.read_state(x, clock.now()) {
+                XferState::InProgress => {
+                    d.drain_notifications(&mut |_, _| {}).unwrap();
+                    None
+                }
+                s => Some(s),
+            }
+        })
+    };
+    let x = d.post_read(id, &all, None, clock.now()).unwrap();
+    assert_eq!(poll_read(&mut d, x), Some(XferState::Done));
+    for i in 0..CHILD_WORDS {
+        assert_eq!(read_word(&landing, i), i as u64 * 7 + 1);
+    }
+
+    // Notifications both ways across processes: the child handshakes back.
+    let me = format!("addr={}", d.listen_addr());
+    d.send_notification(id, me.as_bytes()).unwrap();
+    let mut inbox: Vec<Vec<u8>> = Vec::new();
+    poll_until(WAIT, || {
+        d.drain_notifications(&mut |_, m| inbox.push(m.to_vec()))
+            .unwrap();
+        inbox.iter().any(|m| m == b"hello").then_some(())
+    })
+    .expect("the child's hello");
+    let mut rtt = Vec::new();
+    for n in 0..500u32 {
+        let t = std::time::Instant::now();
+        d.send_notification(id, format!("ping:{n}").as_bytes())
+            .unwrap();
+        let want = format!("pong:{n}").into_bytes();
+        inbox.clear();
+        poll_until(WAIT, || {
+            d.drain_notifications(&mut |_, m| inbox.push(m.to_vec()))
+                .unwrap();
+            inbox.contains(&want).then_some(())
+        })
+        .expect("pong from the child");
+        rtt.push(t.elapsed().as_nanos() as u64);
+    }
+    say(&format!(
+        "nixl two processes, engine loop: notification round trip p50 {:.1} us p99 {:.1} us",
+        percentile(&mut rtt, 50) as f64 / 1e3,
+        percentile(&mut rtt, 99) as f64 / 1e3
+    ));
+
+    // Kill the peer, then READ from it: a typed failure, not a hang.
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    let t = std::time::Instant::now();
+    let outcome = match d.post_read(id, &all, None, clock.now()) {
+        Err(e) => Err(e),
+        Ok(x) => match poll_read(&mut d, x) {
+            Some(XferState::Failed(e)) => Err(e),
+            Some(s) => Ok(s),
+            None => panic!("READ from a killed peer still in progress after 20 s"),
+        },
+    };
+    let took = t.elapsed();
+    say(&format!(
+        "nixl READ from a killed peer: {outcome:?} after {:.1} ms",
+        took.as_secs_f64() * 1e3
+    ));
+    let err = outcome.expect_err("a READ from a dead process cannot succeed");
+    assert!(
+        matches!(
+            err,
+            FabricError::TimedOut | FabricError::PeerUnreachable | FabricError::Backend(_)
+        ),
+        "{err:?}"
+    );
+    // The peer is now failed: no more traffic until it is re-handshaken.
+    assert!(matches!(
+        d.handshake_state(id, clock.now()),
+        HandshakeState::Failed(_)
+    ));
+    assert_eq!(
+        d.send_notification(id, b"x"),
+        Err(FabricError::NotConnected)
+    );
+    assert_eq!(
+        d.post_read(id, &all, None, clock.now()),
+        Err(FabricError::NotConnected)
+    );
+    // Re-handshaking a dead address fails promptly too.
+    let again = d.start_handshake(&addr, clock.now()).unwrap();
+    assert_eq!(again, id);
+    let st = poll_until(WAIT, || match d.handshake_state(id, clock.now()) {
+        HandshakeState::Pending => None,
+        s => Some(s),
+    });
+    assert!(matches!(st, Some(HandshakeState::Failed(_))), "{st:?}");
+    drop(d);
+    drop(landing);
+}
