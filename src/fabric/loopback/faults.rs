@@ -318,15 +318,28 @@ impl LinkCell {
         to: u32,
         seq: u64,
     ) -> NotificationFate {
+        let r = Ordering::Relaxed;
+        let (drop_t, delay_t, reorder_t) = (
+            self.drop_threshold.load(r),
+            self.delay_threshold.load(r),
+            self.reorder_threshold.load(r),
+        );
+        if take_one(&self.drop_next) {
+            return NotificationFate::Drop;
+        }
+        if drop_t | delay_t | reorder_t == 0 {
+            // No fault can hit: skip the hash. Draws are keyed by sequence
+            // number, so skipping them shifts no other message's fate.
+            return NotificationFate::Deliver;
+        }
         let mut rng = SplitMix64::stream(seed, KIND_NOTIFICATION, from, to, seq);
         // Always three draws, see the module docs.
         let (d_drop, d_delay, d_reorder) = (rng.next_u64(), rng.next_u64(), rng.next_u64());
-        let r = Ordering::Relaxed;
-        if take_one(&self.drop_next) || hit(self.drop_threshold.load(r), d_drop) {
+        if hit(drop_t, d_drop) {
             NotificationFate::Drop
-        } else if hit(self.delay_threshold.load(r), d_delay) {
+        } else if hit(delay_t, d_delay) {
             NotificationFate::Delay(self.delay_ns.load(r))
-        } else if hit(self.reorder_threshold.load(r), d_reorder) {
+        } else if hit(reorder_t, d_reorder) {
             NotificationFate::Reorder(self.reorder_hold_ns.load(r))
         } else {
             NotificationFate::Deliver
@@ -335,20 +348,28 @@ impl LinkCell {
 
     /// The fate of the `seq`-th READ by `from` against `to`.
     pub(crate) fn read_fate(&self, seed: u64, from: u32, to: u32, seq: u64) -> ReadFate {
-        let mut rng = SplitMix64::stream(seed, KIND_READ, from, to, seq);
-        let (d_delay, d_fail) = (rng.next_u64(), rng.next_u64());
         let r = Ordering::Relaxed;
-        let extra_ns = if hit(self.read_delay_threshold.load(r), d_delay) {
+        let (delay_t, fail_t) = (
+            self.read_delay_threshold.load(r),
+            self.read_fail_threshold.load(r),
+        );
+        let fail_next = take_one(&self.read_fail_next);
+        let (d_delay, d_fail) = if delay_t | fail_t == 0 {
+            (u64::MAX, u64::MAX) // no fault can hit: skip the hash
+        } else {
+            let mut rng = SplitMix64::stream(seed, KIND_READ, from, to, seq);
+            (rng.next_u64(), rng.next_u64())
+        };
+        let extra_ns = if hit(delay_t, d_delay) {
             self.read_delay_ns.load(r)
         } else {
             0
         };
-        let fail =
-            if take_one(&self.read_fail_next) || hit(self.read_fail_threshold.load(r), d_fail) {
-                Some(decode_error(self.read_fail_error.load(r)))
-            } else {
-                None
-            };
+        let fail = if fail_next || hit(fail_t, d_fail) {
+            Some(decode_error(self.read_fail_error.load(r)))
+        } else {
+            None
+        };
         ReadFate { extra_ns, fail }
     }
 }

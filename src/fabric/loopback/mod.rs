@@ -685,24 +685,42 @@ impl LoopbackFabric {
         }
     }
 
-    /// Checks one READ descriptor against both region tables.
-    fn check_desc(&self, target: u32, d: &ReadDesc) -> Result<(), FabricError> {
+    /// Checks every READ descriptor against both region tables.
+    fn check_descs(&self, target: u32, descs: &[ReadDesc]) -> Result<(), FabricError> {
         let local = self.record().ok_or(FabricError::UnknownRegion)?;
         let remote = self.net.record(target).ok_or(FabricError::UnknownAgent)?;
-        // A lease-slot array is written only by its owner's lease book,
-        // never by a READ: it is not a landing region.
-        let local_region = match local.regions.get(d.local) {
-            Some(r @ Region::Raw(_)) => r,
-            Some(Region::Slots(_)) | None => return Err(FabricError::UnknownRegion),
-        };
-        let remote_region = remote
-            .regions
-            .get(d.remote)
-            .ok_or(FabricError::UnknownRegion)?;
-        if !local_region.contains(d.local_offset, d.len)
-            || !remote_region.contains(d.remote_offset, d.len)
-        {
-            return Err(FabricError::OutOfBounds);
+        // Same last-lookup cache as `copy_read`.
+        let mut local_cache: Option<(RegionId, &Region)> = None;
+        let mut remote_cache: Option<(RegionId, &Region)> = None;
+        for d in descs {
+            let local_region = match local_cache {
+                Some((id, r)) if id == d.local => r,
+                // A lease-slot array is written only by its owner's lease
+                // book, never by a READ: it is not a landing region.
+                _ => match local.regions.get(d.local) {
+                    Some(r @ Region::Raw(_)) => {
+                        local_cache = Some((d.local, r));
+                        r
+                    }
+                    Some(Region::Slots(_)) | None => return Err(FabricError::UnknownRegion),
+                },
+            };
+            let remote_region = match remote_cache {
+                Some((id, r)) if id == d.remote => r,
+                _ => {
+                    let r = remote
+                        .regions
+                        .get(d.remote)
+                        .ok_or(FabricError::UnknownRegion)?;
+                    remote_cache = Some((d.remote, r));
+                    r
+                }
+            };
+            if !local_region.contains(d.local_offset, d.len)
+                || !remote_region.contains(d.remote_offset, d.len)
+            {
+                return Err(FabricError::OutOfBounds);
+            }
         }
         Ok(())
     }
@@ -933,9 +951,7 @@ impl Fabric for LoopbackFabric {
         if descs.len() > self.reads.max_descs() {
             return Err(FabricError::Full);
         }
-        for d in descs {
-            self.check_desc(target, d)?;
-        }
+        self.check_descs(target, descs)?;
         let peer = &mut self.peers[target as usize];
         let seq = peer.read_seq;
         peer.read_seq += 1;
@@ -1028,13 +1044,31 @@ fn copy_read(
     let Some(_guard) = liveness.begin_copy() else {
         return Err(FabricError::PeerUnreachable);
     };
+    // READs usually name one region pair for all their descriptors: keep
+    // the last lookup instead of chasing the tables for each.
+    let mut src_cache: Option<(RegionId, &Region)> = None;
+    let mut dst_cache: Option<(RegionId, &memory::RawRegion)> = None;
     for d in descs {
-        let src = remote
-            .regions
-            .get(d.remote)
-            .ok_or(FabricError::UnknownRegion)?;
-        let Some(Region::Raw(dst)) = local.regions.get(d.local) else {
-            return Err(FabricError::UnknownRegion);
+        let src = match src_cache {
+            Some((id, r)) if id == d.remote => r,
+            _ => {
+                let r = remote
+                    .regions
+                    .get(d.remote)
+                    .ok_or(FabricError::UnknownRegion)?;
+                src_cache = Some((d.remote, r));
+                r
+            }
+        };
+        let dst = match dst_cache {
+            Some((id, r)) if id == d.local => r,
+            _ => {
+                let Some(Region::Raw(r)) = local.regions.get(d.local) else {
+                    return Err(FabricError::UnknownRegion);
+                };
+                dst_cache = Some((d.local, r));
+                r
+            }
         };
         // SAFETY: `dst` was registered by this agent under register_memory's
         // contract and this agent (alive: we hold &mut to it) posted the READ
