@@ -33,7 +33,7 @@ pub use sender::{
 };
 pub use tracker::{
     EngineBatch, EngineHandle, EngineKey, HeartbeatTracker, ParamProblem, RemotePrefillParams,
-    Requests, TrackError, TrackOutcome, TrackedRemote, TrackerCounters, MAX_HOST_LEN,
+    TrackError, TrackOutcome, TrackedRemote, TrackerCounters, MAX_HOST_LEN,
 };
 pub use verifier::{
     LeaseVerifier, Verdict, VerifierCounters, VerifyError, VerifyTarget, MAX_TARGETS,

@@ -15,26 +15,28 @@
 //! Everything is sized from [`LeaseConfig`] in [`HeartbeatTracker::new`]:
 //!
 //! ```text
-//!  requests (max_tracked_requests)
-//!    d_ids:  IdTable                  D-side id -> request   (the reverse map)
-//!    reqs:   [Req]                    engine, position, slot/nonce, P-id length
-//!    p_ids:  [u8; R * max_id_len]     P-side ids, inline
-//!  engines (max_remote_engines)
-//!    keys:    IdTable                 encoded EngineKey -> engine
-//!    engines: [Engine]                member list, due time, generation
-//!    live:    DenseSet                engines with at least one request
-//!  member lists: chunks of 16 request indices (one cache line each)
-//!    items: [u32; C * 16], chunk_next / chunk_prev: [u32; C],
-//!    C = ceil(R / 16) + E
+//!  requests (max_tracked_requests = R)
+//!    d_ids:  IdTable                   D-side id -> request   (the reverse map)
+//!    links:  [Link; R]                 request -> (engine, position)
+//!  engines (max_remote_engines = E)
+//!    keys:    IdTable                  encoded EngineKey -> engine
+//!    engines: [Engine; E]              chunk list, due time, generation
+//!    live:    DenseSet                 engines with at least one request
+//!  members, by position (C = ceil(R / 16) + E chunks of 16 positions)
+//!    members: [Member; C * 16]         request, slot, nonce, P-id length
+//!    p_ids:   String, C*16*max_id_len  P-side ids, inline, NUL-padded
+//!    chunk_next / chunk_prev: [u32; C]
 //! ```
 //!
-//! An engine's members fill its chunks front to back; removal moves the
-//! engine's last member into the hole, so every chunk but the tail is full and
-//! the chunks in use never exceed `ceil(R / 16) + E`: the chunk pool cannot
-//! run out before the request or engine capacity does. Iterating an engine's
-//! members is one dependent load per 16 requests (not one per request, as an
-//! intrusive per-request list would be), and the per-request loads after that
-//! are independent, so the CPU overlaps them.
+//! What a heartbeat reads (P-side id, slot, nonce) is stored by *position*
+//! in the engine's member list, not by request: an engine's members fill its
+//! chunks front to back, so a due engine is read 16 contiguous members (and
+//! 16 contiguous ids) at a time, one dependent load per chunk. (Stored by
+//! request, the same walk touched a scattered cache line or two per request
+//! and cost about twice as much.) Removal moves the engine's last member,
+//! id included, into the hole, so every chunk but the tail is full and the
+//! chunks in use never exceed `ceil(R / 16) + E`: the chunk pool cannot run
+//! out before the request or engine capacity does.
 //!
 //! When a capacity is exhausted, [`HeartbeatTracker::on_new_request`] returns
 //! a [`TrackError`] and bumps a counter in [`TrackerCounters`]: the request
@@ -53,10 +55,15 @@
 //! # Request ids as `&str`
 //!
 //! P-side ids are handed out as `&str` because [`crate::wire`] encodes `&str`.
-//! They are stored as bytes copied from a `&str`, so they are valid UTF-8 by
-//! construction; [`HeartbeatTracker::remote_id`] still re-validates them
-//! (std's ASCII fast path costs a few nanoseconds on a typical id) rather than
-//! lean on `unsafe` for a per-request saving.
+//! Storing them as bytes would mean re-validating UTF-8 on every read (std's
+//! `from_utf8` measured ~30 ns on a 47-byte id, six times the whole
+//! per-request budget) or `unsafe`. Instead the arena *is* a `String`,
+//! preallocated full of NUL characters: position `p` owns bytes
+//! `p * max_id_len ..` and holds its id followed by NULs. Ids are written and
+//! erased with `String::replace_range` over ranges of equal length (NULs for
+//! the id, or the id for NULs), which never changes the string's length and
+//! so never reallocates (`tests/consumer_alloc.rs` checks); reading is a
+//! `str` slice whose two ends are char boundaries by that construction.
 
 use core::fmt;
 use core::time::Duration;
@@ -70,6 +77,14 @@ use crate::wire::{self, CompactEntry};
 
 /// Longest `remote_host` accepted, in bytes (a DNS name is at most 253).
 pub const MAX_HOST_LEN: usize = 255;
+
+/// NUL characters to erase an id with; ids are at most
+/// [`crate::config::limits::MAX_REQUEST_ID_LEN`] bytes.
+const NULS: &str =
+    match core::str::from_utf8(&[0; crate::config::limits::MAX_REQUEST_ID_LEN as usize]) {
+        Ok(s) => s,
+        Err(_) => panic!("NUL bytes are UTF-8"),
+    };
 
 /// Request indices per member-list chunk: 16 `u32`s, one cache line.
 const CHUNK: usize = 16;
@@ -268,17 +283,33 @@ pub struct TrackedRemote<'t> {
     pub lease: Option<CompactEntry>,
 }
 
+/// Where a tracked request lives.
 #[derive(Clone, Copy, Debug)]
-struct Req {
+struct Link {
     /// Position in the engine's member list: `chunk * CHUNK + offset`.
     pos: u32,
     engine: u32,
+}
+
+/// What a heartbeat needs of one member, stored by position.
+#[derive(Clone, Copy, Debug)]
+struct Member {
+    /// The raw nonce; meaningful only when `leased` (then non-zero).
+    nonce: u64,
+    /// The request (index into `links` and `d_ids`).
+    req: u32,
     slot: u32,
     p_len: u16,
     leased: bool,
-    /// The raw nonce; meaningful only when `leased` (then non-zero).
-    nonce: u64,
 }
+
+const NO_MEMBER: Member = Member {
+    nonce: 0,
+    req: NIL,
+    slot: 0,
+    p_len: 0,
+    leased: false,
+};
 
 #[derive(Clone, Copy, Debug)]
 struct Engine {
@@ -335,15 +366,18 @@ pub struct HeartbeatTracker {
     interval: Duration,
     max_id_len: usize,
     d_ids: IdTable,
-    reqs: Box<[Req]>,
-    p_ids: Box<[u8]>,
+    links: Box<[Link]>,
     free_reqs: FreeStack,
     tracked: u32,
     keys: IdTable,
     engines: Box<[Engine]>,
     free_engines: FreeStack,
     live: DenseSet,
-    items: Box<[u32]>,
+    members: Box<[Member]>,
+    /// P-side ids by position; see "Request ids as `&str`" in the module docs.
+    p_ids: String,
+    /// Holds one id while it moves within `p_ids` (capacity `max_id_len`).
+    id_tmp: String,
     chunk_next: Box<[u32]>,
     chunk_prev: Box<[u32]>,
     free_chunks: FreeStack,
@@ -354,22 +388,24 @@ pub struct HeartbeatTracker {
 impl HeartbeatTracker {
     /// A tracker sized from `config` (`max_tracked_requests`,
     /// `max_remote_engines`, `max_request_id_len`, `heartbeat_interval()`).
-    /// Allocates everything it will ever use; zero capacities are raised
-    /// to 1 (a validated config has none).
+    /// Allocates everything it will ever use. Values outside
+    /// [`LeaseConfig::validate`]'s ranges are brought into them (zero
+    /// capacities to 1, the id length to at most 1024) rather than refused.
     pub fn new(config: &LeaseConfig) -> HeartbeatTracker {
         let r = config.max_tracked_requests.max(1);
         let e = config.max_remote_engines.max(1);
-        let max_id_len = config.max_request_id_len.max(1);
+        // Clamped to the validated range even for a hand-built config: the id
+        // arena's erasure relies on ids of at most NULS.len() bytes.
+        let max_id_len = config
+            .max_request_id_len
+            .clamp(1, crate::config::limits::MAX_REQUEST_ID_LEN);
         let chunks = r.div_ceil(CHUNK as u32).saturating_add(e);
         let key_len = encoded_key_capacity(usize::from(max_id_len));
-        let empty_req = Req {
+        let no_link = Link {
             pos: NIL,
             engine: NIL,
-            slot: 0,
-            p_len: 0,
-            leased: false,
-            nonce: 0,
         };
+        let positions = chunks as usize * CHUNK;
         let empty_engine = Engine {
             head: NIL,
             tail: NIL,
@@ -384,8 +420,7 @@ impl HeartbeatTracker {
             interval: config.heartbeat_interval(),
             max_id_len: usize::from(max_id_len),
             d_ids: IdTable::new(r, max_id_len),
-            reqs: vec![empty_req; r as usize].into_boxed_slice(),
-            p_ids: vec![0; r as usize * usize::from(max_id_len)].into_boxed_slice(),
+            links: vec![no_link; r as usize].into_boxed_slice(),
             free_reqs: FreeStack::full(r),
             tracked: 0,
             // key_len <= 2 + 1024 + 2 + 255 + 6: fits a u16.
@@ -393,7 +428,9 @@ impl HeartbeatTracker {
             engines: vec![empty_engine; e as usize].into_boxed_slice(),
             free_engines: FreeStack::full(e),
             live: DenseSet::new(e),
-            items: vec![NIL; chunks as usize * CHUNK].into_boxed_slice(),
+            members: vec![NO_MEMBER; positions].into_boxed_slice(),
+            p_ids: "\0".repeat(positions * usize::from(max_id_len)),
+            id_tmp: String::with_capacity(usize::from(max_id_len)),
             chunk_next: vec![NIL; chunks as usize].into_boxed_slice(),
             chunk_prev: vec![NIL; chunks as usize].into_boxed_slice(),
             free_chunks: FreeStack::full(chunks),
@@ -513,7 +550,7 @@ impl HeartbeatTracker {
         }
         if self.free_reqs.is_empty() {
             return Err(TrackError::RequestsFull {
-                capacity: self.reqs.len() as u32,
+                capacity: self.links.len() as u32,
             });
         }
         let key_len = encode_key(&mut self.key_buf, engine_id, host, port, tp_size);
@@ -533,7 +570,7 @@ impl HeartbeatTracker {
         debug_assert!(!needs_chunk || !self.free_chunks.is_empty());
         if needs_chunk && self.free_chunks.is_empty() {
             return Err(TrackError::RequestsFull {
-                capacity: self.reqs.len() as u32,
+                capacity: self.links.len() as u32,
             });
         }
 
@@ -577,7 +614,7 @@ impl HeartbeatTracker {
         };
         let Some(r) = self.free_reqs.pop() else {
             return Err(TrackError::RequestsFull {
-                capacity: self.reqs.len() as u32,
+                capacity: self.links.len() as u32,
             });
         };
         if self.d_ids.insert(request_id.as_bytes(), r).is_err() {
@@ -587,22 +624,27 @@ impl HeartbeatTracker {
             self.drop_engine_if_empty(e);
             return Err(TrackError::Duplicate);
         }
-        let base = r as usize * self.max_id_len;
-        self.p_ids[base..base + p_id.len()].copy_from_slice(p_id.as_bytes());
         let lease = match (params.remote_lease_slot, params.remote_lease_nonce) {
             (Some(slot), Some(n)) if n != 0 => Some((slot, n)),
             _ => None,
         };
-        let pos = self.push_member(e, r);
-        self.reqs[r as usize] = Req {
-            pos,
-            engine: e,
+        let pos = self.push_member(e);
+        self.members[pos as usize] = Member {
+            nonce: lease.map_or(0, |l| l.1),
+            req: r,
             slot: lease.map_or(0, |l| l.0),
             // check_str bounded the length by max_id_len <= u16::MAX.
             p_len: p_id.len() as u16,
             leased: lease.is_some(),
-            nonce: lease.map_or(0, |l| l.1),
         };
+        let base = pos as usize * self.max_id_len;
+        // A free position's region is all NUL (fresh, or erased by `stop`):
+        // equal-length replacement, no reallocation.
+        debug_assert!(self.p_ids.as_bytes()[base..base + self.max_id_len]
+            .iter()
+            .all(|&b| b == 0));
+        self.p_ids.replace_range(base..base + p_id.len(), p_id);
+        self.links[r as usize] = Link { pos, engine: e };
         if lease.is_none() {
             self.engines[e as usize].unleased += 1;
             self.counters.started_without_lease += 1;
@@ -612,8 +654,8 @@ impl HeartbeatTracker {
         Ok(())
     }
 
-    /// Appends request `r` to engine `e`'s member list; returns its position.
-    fn push_member(&mut self, e: u32, r: u32) -> u32 {
+    /// Appends a member to engine `e`'s list; returns its (empty) position.
+    fn push_member(&mut self, e: u32) -> u32 {
         let eng = &mut self.engines[e as usize];
         let off = eng.len as usize % CHUNK;
         if off == 0 {
@@ -630,7 +672,7 @@ impl HeartbeatTracker {
             eng.tail = c;
         }
         let pos = eng.tail as usize * CHUNK + off;
-        self.items[pos] = r;
+        debug_assert_eq!(self.members[pos].req, NIL);
         eng.len += 1;
         pos as u32
     }
@@ -671,21 +713,34 @@ impl HeartbeatTracker {
             self.counters.stop_untracked += 1;
             return false;
         };
-        let req = self.reqs[r as usize];
-        let e = req.engine;
+        let Link {
+            pos: hole,
+            engine: e,
+        } = self.links[r as usize];
+        let gone = self.members[hole as usize];
+        debug_assert_eq!(gone.req, r);
         let eng = &mut self.engines[e as usize];
         debug_assert!(eng.len > 0);
-        // Move the engine's last member into r's place.
         let last_off = (eng.len as usize - 1) % CHUNK;
-        let last_pos = eng.tail as usize * CHUNK + last_off;
-        let moved = self.items[last_pos];
-        self.items[req.pos as usize] = moved;
-        self.reqs[moved as usize].pos = req.pos;
-        self.items[last_pos] = NIL;
+        let last = (eng.tail as usize * CHUNK + last_off) as u32;
         eng.len -= 1;
-        if !req.leased {
+        if !gone.leased {
             eng.unleased -= 1;
         }
+        // Move the engine's last member (id included) into the hole, then
+        // erase the last place. Every replacement has equal length: no
+        // reallocation.
+        if last == hole {
+            self.erase_id(hole, gone.p_len);
+        } else {
+            let moved = self.members[last as usize];
+            self.move_id(last, hole, moved.p_len, gone.p_len);
+            self.erase_id(last, moved.p_len);
+            self.members[hole as usize] = moved;
+            self.links[moved.req as usize].pos = hole;
+        }
+        self.members[last as usize] = NO_MEMBER;
+        let eng = &mut self.engines[e as usize];
         if last_off == 0 {
             // The tail chunk is empty now.
             let c = eng.tail;
@@ -700,10 +755,41 @@ impl HeartbeatTracker {
         self.drop_engine_if_empty(e);
         let removed = self.d_ids.remove(r);
         debug_assert!(removed);
-        self.reqs[r as usize].engine = NIL;
+        self.links[r as usize] = Link {
+            pos: NIL,
+            engine: NIL,
+        };
         self.free_reqs.push(r);
         self.tracked -= 1;
         true
+    }
+
+    /// Overwrites the id at `pos` (`len` bytes) with NULs.
+    fn erase_id(&mut self, pos: u32, len: u16) {
+        let base = pos as usize * self.max_id_len;
+        let len = usize::from(len);
+        // len <= max_id_len <= NULS.len() (clamped in `new`).
+        self.p_ids.replace_range(base..base + len, &NULS[..len]);
+    }
+
+    /// Replaces the id at `to` (`old_len` bytes) with the id at `from`
+    /// (`len` bytes), NUL-padding over the rest of the old id.
+    fn move_id(&mut self, from: u32, to: u32, len: u16, old_len: u16) {
+        let (len, old_len) = (usize::from(len), usize::from(old_len));
+        let src = from as usize * self.max_id_len;
+        let dst = to as usize * self.max_id_len;
+        // Through `id_tmp` (capacity max_id_len, and both lengths are at most
+        // that: push_str does not allocate), since source and destination
+        // share one String. The replaced range ends at the old id's end or
+        // inside the NUL padding after it: a char boundary either way.
+        self.id_tmp.clear();
+        self.id_tmp
+            .push_str(self.p_ids.get(src..src + len).unwrap_or(""));
+        if old_len > len {
+            self.id_tmp.push_str(&NULS[..old_len - len]);
+        }
+        let n = self.id_tmp.len();
+        self.p_ids.replace_range(dst..dst + n, &self.id_tmp);
     }
 
     /// One scheduler step: hands every engine that is due at `now` to `sink`
@@ -753,14 +839,14 @@ impl HeartbeatTracker {
         let r = self.d_ids.get(request_id.as_bytes())?;
         Some(EngineBatch {
             tracker: self,
-            engine: self.reqs[r as usize].engine,
+            engine: self.links[r as usize].engine,
         })
     }
 
     /// What a tracked request (D-side id) heartbeats: its P-side id and lease.
     pub fn remote_of(&self, request_id: &str) -> Option<TrackedRemote<'_>> {
         let r = self.d_ids.get(request_id.as_bytes())?;
-        Some(self.remote(r))
+        Some(self.remote(self.links[r as usize].pos))
     }
 
     /// Every live engine, due or not (inspection and tests).
@@ -773,34 +859,32 @@ impl HeartbeatTracker {
         })
     }
 
-    /// Request `r`'s P-side id.
+    /// The P-side id of the member at `pos`.
     #[inline]
-    fn remote_id(&self, r: u32) -> &str {
-        let req = &self.reqs[r as usize];
-        let base = r as usize * self.max_id_len;
-        let bytes = &self.p_ids[base..base + usize::from(req.p_len)];
-        // Copied from a &str in `start`, so this never fails.
-        let s = core::str::from_utf8(bytes);
-        debug_assert!(s.is_ok());
-        s.unwrap_or("")
+    fn remote_id(&self, pos: u32) -> &str {
+        let len = usize::from(self.members[pos as usize].p_len);
+        let base = pos as usize * self.max_id_len;
+        // Both ends are char boundaries: the id was written there whole.
+        self.p_ids.get(base..base + len).unwrap_or("")
     }
 
     #[inline]
-    fn remote(&self, r: u32) -> TrackedRemote<'_> {
+    fn remote(&self, pos: u32) -> TrackedRemote<'_> {
         TrackedRemote {
-            remote_request_id: self.remote_id(r),
-            lease: self.lease(r),
+            remote_request_id: self.remote_id(pos),
+            lease: self.lease(pos),
         }
     }
 
+    /// The lease of the member at `pos`, if it has one.
     #[inline]
-    fn lease(&self, r: u32) -> Option<CompactEntry> {
-        let req = &self.reqs[r as usize];
-        if !req.leased {
+    fn lease(&self, pos: u32) -> Option<CompactEntry> {
+        let m = &self.members[pos as usize];
+        if !m.leased {
             return None;
         }
-        Nonce::new(req.nonce).map(|nonce| CompactEntry {
-            slot: req.slot,
+        Nonce::new(m.nonce).map(|nonce| CompactEntry {
+            slot: m.slot,
             nonce,
         })
     }
@@ -858,10 +942,10 @@ impl<'t> EngineBatch<'t> {
         self.engine().unleased == 0
     }
 
-    /// Every request of the engine, in no particular order.
-    pub fn requests(&self) -> Requests<'t> {
+    /// The member positions of the engine, in list order.
+    fn positions(&self) -> Positions<'t> {
         let eng = self.engine();
-        Requests {
+        Positions {
             tracker: self.tracker,
             chunk: eng.head,
             off: 0,
@@ -869,10 +953,11 @@ impl<'t> EngineBatch<'t> {
         }
     }
 
-    /// The P-side ids to renew (for [`wire::encode_heartbeats`]).
-    pub fn remote_request_ids(&self) -> impl Iterator<Item = &'t str> + Clone + 't {
+    /// The P-side ids to renew (for [`wire::encode_heartbeats`]), in no
+    /// particular order.
+    pub fn remote_request_ids(&self) -> impl ExactSizeIterator<Item = &'t str> + Clone + 't {
         let t = self.tracker;
-        self.requests().map(move |r| t.remote_id(r))
+        self.positions().map(move |p| t.remote_id(p))
     }
 
     /// The (slot, nonce) pairs of the requests that have them (for
@@ -880,13 +965,13 @@ impl<'t> EngineBatch<'t> {
     /// [`EngineBatch::all_leased`]).
     pub fn leases(&self) -> impl Iterator<Item = CompactEntry> + Clone + 't {
         let t = self.tracker;
-        self.requests().filter_map(move |r| t.lease(r))
+        self.positions().filter_map(move |p| t.lease(p))
     }
 
-    /// Each request's P-side id and lease together.
-    pub fn remotes(&self) -> impl Iterator<Item = TrackedRemote<'t>> + Clone + 't {
+    /// Each request's P-side id and lease together, in no particular order.
+    pub fn remotes(&self) -> impl ExactSizeIterator<Item = TrackedRemote<'t>> + Clone + 't {
         let t = self.tracker;
-        self.requests().map(move |r| t.remote(r))
+        self.positions().map(move |p| t.remote(p))
     }
 }
 
@@ -900,18 +985,16 @@ impl fmt::Debug for EngineBatch<'_> {
     }
 }
 
-/// The tracker's request indices of one engine. Internal numbering, exposed
-/// only so that [`EngineBatch`]'s iterators can be named; see
-/// [`EngineBatch::remote_request_ids`].
+/// The member positions of one engine, chunk by chunk.
 #[derive(Clone, Debug)]
-pub struct Requests<'t> {
+struct Positions<'t> {
     tracker: &'t HeartbeatTracker,
     chunk: u32,
     off: u32,
     left: u32,
 }
 
-impl Iterator for Requests<'_> {
+impl Iterator for Positions<'_> {
     type Item = u32;
 
     #[inline]
@@ -923,10 +1006,10 @@ impl Iterator for Requests<'_> {
             self.chunk = self.tracker.chunk_next[self.chunk as usize];
             self.off = 0;
         }
-        let r = self.tracker.items[self.chunk as usize * CHUNK + self.off as usize];
+        let pos = self.chunk * CHUNK as u32 + self.off;
         self.off += 1;
         self.left -= 1;
-        Some(r)
+        Some(pos)
     }
 
     #[inline]
@@ -935,7 +1018,7 @@ impl Iterator for Requests<'_> {
     }
 }
 
-impl ExactSizeIterator for Requests<'_> {}
+impl ExactSizeIterator for Positions<'_> {}
 
 fn bad(field: &'static str, problem: ParamProblem) -> TrackError {
     TrackError::BadParam { field, problem }
@@ -1074,11 +1157,17 @@ mod tests {
             let total: usize = t.engines().map(|b| b.len()).sum();
             assert_eq!(total, live.len());
             for b in t.engines() {
-                assert_eq!(b.requests().count(), b.len());
+                assert_eq!(b.positions().count(), b.len());
+                assert_eq!(b.remotes().count(), b.len());
             }
             let used_chunks = t.free_chunks.items.len() - t.free_chunks.len as usize;
             let want: usize = t.engines().map(|b| b.len().div_ceil(CHUNK)).sum();
             assert_eq!(used_chunks, want);
+            // Ids move with their members: every request still finds its own.
+            for d in &live {
+                let p = t.remote_of(d).unwrap().remote_request_id;
+                assert_eq!(&p[1..], &d[1..]);
+            }
         }
         for d in &live {
             let p = t.remote_of(d).unwrap().remote_request_id;
