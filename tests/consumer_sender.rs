@@ -533,3 +533,83 @@ fn the_fake_fabric_agrees_with_the_handshake_contract() {
         HandshakeState::Failed(FabricError::UnknownAgent)
     );
 }
+
+/// Random engines (odd and huge TP sizes, failing, slow and refusing peers,
+/// tiny message limits), random churn and a `now` that jumps around: no
+/// panic, and every owed peer belongs to a live engine.
+#[test]
+fn hostile_fabrics_and_engines_never_panic() {
+    let mut rng = 0xdead_beef_cafe_f00du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for round in 0..20u64 {
+        let max_len = [3, 4, 27, 28, 40, 4096][(round % 6) as usize];
+        let mut f = FakeFabric::new(max_len, 64, 16, 4096);
+        f.set_policy(
+            "p0:5600/e1/",
+            Policy {
+                fail_attempts: 3,
+                ..Policy::default()
+            },
+        );
+        f.set_policy(
+            "p0:5600/e2/",
+            Policy {
+                ready_after_polls: 4,
+                compact: true,
+                ..Policy::default()
+            },
+        );
+        f.set_policy(
+            "p0:5600/e3/",
+            Policy {
+                send_error: Some(FabricError::NotConnected),
+                ..Policy::default()
+            },
+        );
+        f.set_default_policy(Policy {
+            compact: round % 2 == 0,
+            ..Policy::default()
+        });
+        let mut cfg = lease_config();
+        cfg.max_remote_engines = 4;
+        let mut t = HeartbeatTracker::new(&cfg);
+        let local_tp = [1, 2, 4][(round % 3) as usize];
+        let scfg = SenderConfig::new(&cfg, local_tp, (round % local_tp as u64) as u32);
+        let mut s = HeartbeatSender::new(f, DefaultPeerAddress, scfg).unwrap();
+        let mut now = T0;
+        for i in 0..3_000u64 {
+            let r = next();
+            now = if r % 101 == 0 {
+                Instant::from_nanos(next() % 1_000_000_000_000)
+            } else {
+                now + Duration::from_millis(r % 900)
+            };
+            let d = format!("d{}", r % 40);
+            if r % 3 == 0 {
+                let _ = t.on_request_finished(&d);
+            } else {
+                let e = format!("e{}", (r >> 8) % 6);
+                let p = format!("p{i}");
+                let tp = [1, 2, 3, 4, 8, 64, u32::MAX][(r >> 16) as usize % 7];
+                let mut params = params(&e, &p, tp);
+                if (r >> 24) % 3 != 0 {
+                    params.remote_lease_slot = Some((r >> 32) as u32);
+                    params.remote_lease_nonce = Some(r | 1);
+                }
+                let _ = t.on_new_request(&d, &params, now);
+            }
+            let _ = s.step(&mut t, now);
+            // Nothing owed for an engine the tracker no longer has, after
+            // the step that noticed.
+            let live: u32 = t.engines().count() as u32;
+            assert!(s.peers_owed() <= live * scfg.max_fan_out);
+        }
+        let c = s.counters();
+        assert!(c.engines_due > 0);
+    }
+}

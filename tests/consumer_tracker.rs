@@ -571,3 +571,80 @@ fn matches_a_model_under_random_churn() {
     let engines_seen: BTreeSet<_> = t.engines().map(|b| b.key().engine_id.to_string()).collect();
     assert_eq!(engines_seen, next_due.keys().cloned().collect());
 }
+
+/// Hostile inputs: random (often invalid) strings, absent fields, huge and
+/// zero sizes, stops of unknown ids, `now` jumping back and forth. Nothing
+/// may panic, and the tracker's own accounting must stay consistent.
+#[test]
+fn hostile_inputs_never_panic() {
+    let mut rng = 0x0123_4567_89ab_cdefu64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    const ALPHABET: [&str; 10] = ["a", ",", "\0", "é", "🦀", ":", "HB:", " ", "-", "Z"];
+    let string = |next: &mut dyn FnMut() -> u64| -> String {
+        let n = (next() % 70) as usize;
+        (0..n)
+            .map(|_| ALPHABET[(next() % ALPHABET.len() as u64) as usize])
+            .collect()
+    };
+    let mut t = HeartbeatTracker::new(&config(32, 4));
+    let mut now = T0;
+    for _ in 0..50_000 {
+        let r = next();
+        now = if r % 17 == 0 {
+            Instant::from_nanos(next())
+        } else {
+            now + Duration::from_millis(r % 3000)
+        };
+        let d = string(&mut next);
+        match r % 5 {
+            0 | 1 => {
+                let e = string(&mut next);
+                let p = string(&mut next);
+                let h = string(&mut next);
+                let pick = next();
+                let opt = |bit: u64| pick & (1 << bit) != 0;
+                let params = RemotePrefillParams {
+                    do_remote_prefill: opt(0) || opt(1),
+                    do_remote_decode: opt(2),
+                    remote_engine_id: opt(3).then_some(e.as_str()),
+                    remote_request_id: opt(4).then_some(p.as_str()),
+                    remote_host: opt(5).then_some(h.as_str()),
+                    remote_port: opt(6).then_some((pick >> 16) as u16),
+                    tp_size: opt(7).then_some([0, 1, 3, u32::MAX][(pick >> 32) as usize % 4]),
+                    pp_size: opt(8).then_some((pick >> 40) as u32),
+                    dcp_size: opt(9).then_some(0),
+                    remote_num_tokens: opt(10).then_some(pick),
+                    remote_lease_slot: opt(11).then_some((pick >> 20) as u32),
+                    remote_lease_nonce: opt(12).then_some(pick >> (pick % 64)),
+                };
+                let _ = t.on_new_request(&d, &params, now);
+            }
+            2 => {
+                let _ = t.on_request_finished(&d);
+            }
+            3 => {
+                let _ = t.on_transfer_complete(&d);
+            }
+            _ => {
+                let mut total = 0;
+                t.due(now, |b| {
+                    let _ = b.key();
+                    assert_eq!(b.remote_request_ids().count(), b.len());
+                    assert!(b.leases().count() <= b.len());
+                    total += b.len();
+                });
+                assert!(total <= t.len() as usize);
+            }
+        }
+        let sum: usize = t.engines().map(|b| b.len()).sum();
+        assert_eq!(sum, t.len() as usize);
+        assert!(t.engine_count() <= 4 && t.len() <= 32);
+    }
+    let c = t.counters();
+    assert!(c.started > 0 && c.refused_bad_param > 0 && c.missing_params > 0);
+}
