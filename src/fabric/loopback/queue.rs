@@ -15,7 +15,7 @@
 //!   the tail; a full ring is reported at once ([`QueueError::Full`]), never
 //!   waited out. The receiver is the single owner of the head (the consumer
 //!   handle is not `Clone`), so it needs no CAS.
-//! - **Loom-checked.** Every atomic comes from [`crate::sync`] and the cell
+//! - **Loom-checked.** Every atomic comes from `crate::sync` and the cell
 //!   bodies sit in an `UnsafeCell` that is loom's under `cfg(loom)`, so
 //!   `loom_tests/loopback_queue.rs` sees any read of a cell racing its write.
 //!
