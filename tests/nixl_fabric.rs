@@ -20,6 +20,8 @@
 //! Waits are poll loops with deadlines of seconds; nothing sleeps for a fixed
 //! time and then asserts.
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -38,12 +40,78 @@ use kvlease::{EngineShape, LeaseBook, LeaseConfig, LeaseSlots, MonotonicClock};
 const CHILD_ENV: &str = "KVLEASE_NIXL_CHILD";
 /// What the child prints once it listens: `KVLEASE_CHILD_READY <addr>`.
 const READY_LINE: &str = "KVLEASE_CHILD_READY ";
+/// Environment: the child's word pattern seed.
+const SEED_ENV: &str = "KVLEASE_NIXL_CHILD_SEED";
+/// Environment: the address the child's handshake listener binds.
+const LISTEN_ENV: &str = "KVLEASE_NIXL_CHILD_LISTEN";
 /// Words of the child's exported region.
 const CHILD_WORDS: usize = 64;
+
+/// Word `i` of the region of the child started with `seed`.
+fn child_word(seed: u64, i: u64) -> u64 {
+    (seed << 32) | (i * 7 + 1)
+}
 /// Generous bound for every wait.
 const WAIT: Duration = Duration::from_secs(10);
 
 static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Counts heap allocations made by the current thread while counting is on
+/// (only Rust's allocator: NIXL's C++ side is not seen).
+struct CountingAlloc;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn note_alloc() {
+    let on = COUNTING.try_with(Cell::get).unwrap_or(false);
+    if on {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+    }
+}
+
+// SAFETY: forwards every call unchanged to the system allocator; the
+// bookkeeping touches only const-initialized thread-locals without
+// destructors (no allocation, no re-entry).
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_alloc();
+        // SAFETY: the caller's contract for `alloc` is passed on unchanged.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_alloc();
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_alloc();
+        // SAFETY: `ptr` came from this allocator (hence from System) with
+        // `layout`, as the caller guarantees.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as for `realloc`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+/// Allocations `f` makes on this thread.
+fn allocations<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    let before = ALLOCS.with(Cell::get);
+    COUNTING.with(|c| c.set(true));
+    let v = f();
+    COUNTING.with(|c| c.set(false));
+    (v, ALLOCS.with(Cell::get) - before)
+}
 
 /// Writes straight to the process's stderr, past libtest's output capture.
 fn say(msg: &str) {
@@ -537,6 +605,66 @@ fn read_of_a_remote_lease_slot_word_sees_the_granted_nonce() {
     drop(p);
 }
 
+#[test]
+fn steady_state_reads_and_empty_drains_allocate_nothing() {
+    let Some(_g) = nixl_or_skip() else { return };
+    let clock = MonotonicClock::new();
+    let slots = Arc::new(LeaseSlots::new(64));
+    let mut landing = vec![0u64; 64];
+    let mut p = fabric("p", clock, ProgressMode::EngineLoop);
+    let mut d = fabric("d", clock, ProgressMode::EngineLoop);
+    let region = p.register_slots(slots, true).unwrap();
+    let d_land = register_words(&mut d, &mut landing);
+    let (pid, _) = connect(&mut d, &mut p, clock);
+    let word = |s: u32| {
+        [desc(
+            d_land,
+            8 * u64::from(s),
+            region,
+            LeaseSlots::offset_of(s),
+            8,
+        )]
+    };
+
+    // One READ per descriptor set to prepare the requests (allocates).
+    for s in 0..4 {
+        let x = d.post_read(pid, &word(s), None, clock.now()).unwrap();
+        assert_eq!(finish(&mut d, &mut p, x, clock), XferState::Done);
+    }
+    let mut heard = 0usize;
+    for i in 0..1000u32 {
+        let s = i % 4;
+        let note: Option<&[u8]> = if i % 2 == 0 { None } else { Some(b"req-1:1") };
+        let (state, n) = allocations(|| {
+            let x = d.post_read(pid, &word(s), note, clock.now()).unwrap();
+            poll_until(WAIT, || {
+                assert_eq!(d.drain_notifications(&mut |_, _| {}), Ok(0));
+                match d.read_state(x, clock.now()) {
+                    XferState::InProgress => None,
+                    s => Some(s),
+                }
+            })
+        });
+        assert_eq!(state, Some(XferState::Done));
+        assert_eq!(
+            n, 0,
+            "iteration {i} (slot {s}, notification {note:?}) allocated"
+        );
+        // P's drain is outside the count: receiving notifications allocates.
+        p.drain_notifications(&mut |_, _| heard += 1).unwrap();
+    }
+    poll_until(WAIT, || {
+        p.drain_notifications(&mut |_, _| heard += 1).unwrap();
+        (heard == 500).then_some(())
+    })
+    .expect("every read-done notification");
+    assert_eq!(d.stats().request_cache_misses, 4);
+    // The counter is live: a new descriptor set does allocate.
+    let (x, n) = allocations(|| d.post_read(pid, &word(9), None, clock.now()).unwrap());
+    assert!(n > 0, "a request-cache miss must show allocations");
+    assert_eq!(finish(&mut d, &mut p, x, clock), XferState::Done);
+}
+
 // ---- latency measurements (numbers quoted in src/fabric/nixl.rs) ---------------
 
 fn percentile(v: &mut [u64], q: usize) -> u64 {
@@ -640,8 +768,19 @@ fn child_peer_process() {
         return;
     }
     let clock = MonotonicClock::new();
-    let mut words: Vec<u64> = (0..CHILD_WORDS as u64).map(|i| i * 7 + 1).collect();
-    let mut f = fabric("child", clock, ProgressMode::EngineLoop);
+    let seed: u64 = std::env::var(SEED_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let mut words: Vec<u64> = (0..CHILD_WORDS as u64)
+        .map(|i| child_word(seed, i))
+        .collect();
+    let mut cfg = NixlConfig::new(unique_name("child"));
+    cfg.clock = clock;
+    if let Some(addr) = std::env::var(LISTEN_ENV).ok().and_then(|a| a.parse().ok()) {
+        cfg.listen_addr = addr;
+    }
+    let mut f = NixlFabric::new(cfg).expect("child fabric");
     register_words(&mut f, &mut words);
     println!("{READY_LINE}{}", f.listen_addr());
     std::io::stdout().flush().unwrap();
@@ -686,7 +825,7 @@ impl Drop for KillOnDrop {
     }
 }
 
-fn spawn_child() -> (KillOnDrop, String) {
+fn spawn_child(seed: u64, listen: &str) -> (KillOnDrop, String) {
     let exe = std::env::current_exe().unwrap();
     let mut child = Command::new(exe)
         .args([
@@ -696,6 +835,8 @@ fn spawn_child() -> (KillOnDrop, String) {
             "--test-threads=1",
         ])
         .env(CHILD_ENV, "1")
+        .env(SEED_ENV, seed.to_string())
+        .env(LISTEN_ENV, listen)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -728,7 +869,7 @@ fn killed_peer_process_fails_reads_with_a_typed_error() {
     let mut landing = vec![0u64; CHILD_WORDS];
     let mut d = fabric("parent", clock, ProgressMode::EngineLoop);
     let d_land = register_words(&mut d, &mut landing);
-    let (mut child, addr) = spawn_child();
+    let (mut child, addr) = spawn_child(1, "127.0.0.1:0");
 
     let id = d.start_handshake(&addr, clock.now()).unwrap();
     let info = poll_until(WAIT, || match d.handshake_state(id, clock.now()) {
@@ -757,7 +898,7 @@ fn killed_peer_process_fails_reads_with_a_typed_error() {
     let x = d.post_read(id, &all, None, clock.now()).unwrap();
     assert_eq!(poll_read(&mut d, x), Some(XferState::Done));
     for i in 0..CHILD_WORDS {
-        assert_eq!(read_word(&landing, i), i as u64 * 7 + 1);
+        assert_eq!(read_word(&landing, i), child_word(1, i as u64));
     }
 
     // Notifications both ways across processes: the child handshakes back.
@@ -837,6 +978,23 @@ fn killed_peer_process_fails_reads_with_a_typed_error() {
         s => Some(s),
     });
     assert!(matches!(st, Some(HandshakeState::Failed(_))), "{st:?}");
+
+    // A new peer process on the same address: the same AgentId re-handshakes
+    // (new NIXL agent, new metadata, new memory) and READs work again.
+    let (_child2, addr2) = spawn_child(2, &addr);
+    assert_eq!(addr2, addr);
+    assert_eq!(d.start_handshake(&addr, clock.now()), Ok(id));
+    poll_until(WAIT, || match d.handshake_state(id, clock.now()) {
+        HandshakeState::Ready(_) => Some(()),
+        HandshakeState::Pending => None,
+        HandshakeState::Failed(e) => panic!("re-handshake with the new child failed: {e}"),
+    })
+    .expect("re-handshake in time");
+    let x = d.post_read(id, &all, None, clock.now()).unwrap();
+    assert_eq!(poll_read(&mut d, x), Some(XferState::Done));
+    for i in 0..CHILD_WORDS {
+        assert_eq!(read_word(&landing, i), child_word(2, i as u64));
+    }
     drop(d);
     drop(landing);
 }

@@ -69,20 +69,34 @@
 //! between polls (a zero delay busy-spins and, on two cores, slows everything
 //! down: 8 ms notification round trips in `shared/notes/nixl.md`).
 //!
-//! Measured on this project's machine kind (x86_64, 2 cores, loopback, two
-//! fabrics in one process, through this module's API;
-//! `tests/nixl_fabric.rs::measure_progress_modes` prints them):
+//! Measured on this project's machine kind (x86_64, 2 cores, UCX over shared
+//! memory, release build, three runs; `measure_progress_modes` and
+//! `killed_peer_process_fails_reads_with_a_typed_error` in
+//! `tests/nixl_fabric.rs` print them), through this module's API: a round
+//! trip is `send_notification` → peer drains → peer sends → we drain; the
+//! READ is one 512-byte descriptor over a 64-slot lease array, posted and
+//! polled to `Done` (a re-posted, cached request):
 //!
-//! | mode                                   | notification round trip p50 / p99 | 64-slot (512 B) READ p50 / p99 |
-//! |----------------------------------------|-----------------------------------|--------------------------------|
-//! | engine loop, error handling `none`     | 6.0 µs / 8.7 µs (debug build)     | 4.2 µs / 5.1 µs (debug)        |
-//! | progress thread, 1000 µs, `none`       | 51.5 µs / 7.3 ms (debug build)    | 4.7 µs / 7.5 µs (debug)        |
+//! | mode (UCX error handling `none`)      | notification round trip p50 / p99 | 64-slot READ p50 / p99 |
+//! |---------------------------------------|-----------------------------------|------------------------|
+//! | engine loop, one process              | 1.2–1.3 µs / 1.5–5.3 µs           | 1.9 µs / 2.5–3.2 µs    |
+//! | progress thread (1000 µs), one process| 34–56 µs / 70–132 µs              | 1.9–2.5 µs / 2.1–5.7 µs|
+//! | engine loop, two processes            | 3.1–3.2 µs / 7.8–9.8 µs           | —                      |
 //!
-//! Two processes (engine loop): notification round trip 8.7 µs p50, 30.7 µs p99.
+//! (A debug build of kvlease roughly doubles the engine-loop figures.) The
+//! engine-loop mode is the default: it is 30–40 times faster for
+//! notifications, costs no extra core, and the engine loop polls every step
+//! anyway. A READ is one-sided in both modes and costs the same.
 //!
-//! The engine-loop mode is the default: it is one to two orders of magnitude
-//! faster for notifications, uses no extra core, and the engine loop polls
-//! every step anyway.
+//! A dead peer is detected even with error handling `none` on this
+//! transport: after the peer process is killed, the next READ to it fails
+//! with `Backend(-2)` within 0.2–0.4 ms (UCX's `cma` copy reports an I/O
+//! error). Transports that cannot tell fall back to the transfer timeout.
+//!
+//! The agent uses NIXL's default thread synchronization (none): every NIXL
+//! call of a fabric comes from the one thread that owns it, and NIXL's UCX
+//! backend makes its workers multi-threaded by itself when the progress
+//! thread is on.
 //!
 //! # READs: prepared requests, re-posted
 //!
@@ -128,6 +142,17 @@
 //! `NotConnected`, and `start_handshake` with the same address starts over
 //! under the same [`AgentId`] (a restarted peer has new metadata and new
 //! memory addresses).
+//!
+//! Peers are keyed by the exact address string given to `start_handshake`:
+//! use one address per remote (`127.0.0.1:p` and `localhost:p` would be two
+//! agents sharing one NIXL name, and re-handshaking one drops the other's
+//! metadata).
+//!
+//! The side channel is unauthenticated, like NIXL's own listener: it tells
+//! anyone who connects our NIXL metadata and the addresses of our registered
+//! regions. Bind it ([`NixlConfig::listen_addr`]) to an interface only the
+//! deployment's workers reach. It answers one connection at a time; a client
+//! that stalls holds it for at most the 2 s I/O timeouts.
 //!
 //! `Backend(code)` carries the NIXL C API status where there is one
 //! ([`STATUS_INVALID_PARAM`], [`STATUS_BACKEND`], [`STATUS_NOT_FOUND`]) and a
@@ -452,9 +477,12 @@ struct Inflight {
     failed: Option<FabricError>,
 }
 
+/// `Inflight::cache` of a READ whose request was already released.
+const NO_CACHE: usize = usize::MAX;
+
 const FREE_READ: Inflight = Inflight {
     id: 0,
-    cache: 0,
+    cache: NO_CACHE,
     peer: 0,
     posted_at: Instant::ZERO,
     done: false,
@@ -736,8 +764,13 @@ impl NixlFabric {
     fn forget_peer_requests(&mut self, i: usize, err: FabricError) {
         let peer = i as u32;
         for r in self.reads.iter_mut() {
-            if r.id != 0 && r.peer == peer && !r.done && r.failed.is_none() {
-                r.failed = Some(err);
+            if r.id != 0 && r.peer == peer {
+                if !r.done && r.failed.is_none() {
+                    r.failed = Some(err);
+                }
+                // Its request is released below; the cache slot may be
+                // reused before the READ is reported.
+                r.cache = NO_CACHE;
             }
         }
         for ci in 0..self.cache.len() {
