@@ -61,7 +61,7 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 /// Writes `prefix` and `n` in decimal into `buf`; returns the text.
-fn id_into<'b>(buf: &'b mut [u8; 32], prefix: &[u8], mut n: u64) -> &'b str {
+fn id_into<'b, const N: usize>(buf: &'b mut [u8; N], prefix: &[u8], mut n: u64) -> &'b str {
     let mut digits = [0u8; 20];
     let mut k = digits.len();
     loop {
@@ -142,7 +142,7 @@ fn steady_state_d_steps_allocate_nothing() {
     let mut started = 0u64;
     let mut refused = 0u64;
     let mut d_buf = [0u8; 32];
-    let mut p_buf = [0u8; 32];
+    let mut p_buf = [0u8; 96];
 
     // The counter counts: one armed allocation is seen, then reset.
     ARMED.with(|a| a.set(true));
@@ -172,7 +172,14 @@ fn steady_state_d_steps_allocate_nothing() {
             // heartbeats); the others are all leased (compact).
             let leased = e % 4 != 0 || (r >> 16) % 8 != 0;
             let d = id_into(&mut d_buf, b"cmpl-d-", n);
-            let p = id_into(&mut p_buf, b"cmpl-p-0123456789abcdef-", n);
+            // Mostly vLLM-sized ids (inline); every fifth longer than the
+            // 64-byte inline slot (overflow arena).
+            let prefix: &[u8] = if n % 5 == 0 {
+                b"chatcmpl-long-0123456789abcdef-0123456789abcdef-0123456789abcdef-"
+            } else {
+                b"cmpl-p-0123456789abcdef-"
+            };
+            let p = id_into(&mut p_buf, prefix, n);
             let params = RemotePrefillParams {
                 do_remote_prefill: (r >> 24) % 16 != 0,
                 remote_engine_id: Some(engine),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kvlease::consumer::{
     EngineBatch, EngineKey, HeartbeatTracker, ParamProblem, RemotePrefillParams, TrackError,
-    TrackOutcome,
+    TrackOutcome, INLINE_ID_LEN,
 };
 use kvlease::wire::CompactEntry;
 use kvlease::{EngineShape, Instant, LeaseConfig, Nonce};
@@ -493,8 +493,22 @@ fn leases_are_reported_and_compact_only_when_every_request_has_one() {
 /// output must match it exactly, and nothing may panic on odd strings.
 #[test]
 fn matches_a_model_under_random_churn() {
+    model_churn(48, 0);
+}
+
+/// The same with the default 128-byte id limit and P-side ids of up to 120
+/// bytes: ids longer than `INLINE_ID_LEN` take the overflow path, shorter
+/// ones move with their members, and both kinds mix in one engine.
+#[test]
+fn matches_a_model_with_ids_longer_than_the_inline_slot() {
+    model_churn(128, 100);
+}
+
+fn model_churn(max_id_len: u16, max_pad: u64) {
     let interval = Duration::from_secs(5);
-    let mut t = HeartbeatTracker::new(&config(64, 6));
+    let mut cfg = config(64, 6);
+    cfg.max_request_id_len = max_id_len;
+    let mut t = HeartbeatTracker::new(&cfg);
     // model: d id -> (engine, p id); engine -> next due.
     let mut reqs: BTreeMap<String, (String, String)> = BTreeMap::new();
     let mut next_due: BTreeMap<String, Instant> = BTreeMap::new();
@@ -513,7 +527,8 @@ fn matches_a_model_under_random_churn() {
         match r >> 60 {
             0..=6 => {
                 let d = format!("d{}", r % 97);
-                let p = format!("p-{step}-é");
+                let pad = if max_pad == 0 { 0 } else { (r >> 32) % max_pad };
+                let p = format!("p-{step}-é{}", "x".repeat(pad as usize));
                 let e = engines[(r >> 8) as usize % engines.len()];
                 let res = t.on_new_request(&d, &params(e, &p), now);
                 let engine_known = next_due.contains_key(e);
@@ -567,6 +582,13 @@ fn matches_a_model_under_random_churn() {
         }
         assert_eq!(t.len() as usize, reqs.len());
         assert_eq!(t.engine_count() as usize, next_due.len());
+    }
+    if max_pad > 0 {
+        let long = reqs
+            .values()
+            .filter(|(_, p)| p.len() > INLINE_ID_LEN)
+            .count();
+        assert!(long > 0 && long < reqs.len(), "both id kinds present");
     }
     let engines_seen: BTreeSet<_> = t.engines().map(|b| b.key().engine_id.to_string()).collect();
     assert_eq!(engines_seen, next_due.keys().cloned().collect());

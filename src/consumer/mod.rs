@@ -23,6 +23,7 @@
 //! (`tests/consumer_alloc.rs` proves it with a counting allocator).
 
 mod dense_set;
+mod id_arena;
 mod sender;
 mod tracker;
 mod verifier;
@@ -33,7 +34,7 @@ pub use sender::{
 };
 pub use tracker::{
     EngineBatch, EngineHandle, EngineKey, HeartbeatTracker, ParamProblem, RemotePrefillParams,
-    TrackError, TrackOutcome, TrackedRemote, TrackerCounters, MAX_HOST_LEN,
+    TrackError, TrackOutcome, TrackedRemote, TrackerCounters, INLINE_ID_LEN, MAX_HOST_LEN,
 };
 pub use verifier::{
     LeaseVerifier, Verdict, VerifierCounters, VerifyError, VerifyTarget, MAX_TARGETS,
