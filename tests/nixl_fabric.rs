@@ -29,7 +29,8 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use kvlease::fabric::nixl::{
-    runtime_available, NixlConfig, NixlFabric, ProgressMode, STATUS_INVALID_PARAM,
+    runtime_available, NixlConfig, NixlFabric, NixlInitError, ProgressMode, UcxErrorHandling,
+    STATUS_INVALID_PARAM,
 };
 use kvlease::fabric::{
     AgentId, Fabric, FabricError, HandshakeState, PeerInfo, ReadDesc, RegionId, XferId, XferState,
@@ -40,6 +41,8 @@ use kvlease::{EngineShape, LeaseBook, LeaseConfig, LeaseSlots, MonotonicClock};
 const CHILD_ENV: &str = "KVLEASE_NIXL_CHILD";
 /// What the child prints once it listens: `KVLEASE_CHILD_READY <addr>`.
 const READY_LINE: &str = "KVLEASE_CHILD_READY ";
+/// What `child_without_runtime` prints: `KVLEASE_CHILD_ABSENT refused|present`.
+const ABSENT_LINE: &str = "KVLEASE_CHILD_ABSENT ";
 /// Environment: the child's word pattern seed.
 const SEED_ENV: &str = "KVLEASE_NIXL_CHILD_SEED";
 /// Environment: the address the child's handshake listener binds.
@@ -663,6 +666,138 @@ fn steady_state_reads_and_empty_drains_allocate_nothing() {
     let (x, n) = allocations(|| d.post_read(pid, &word(9), None, clock.now()).unwrap());
     assert!(n > 0, "a request-cache miss must show allocations");
     assert_eq!(finish(&mut d, &mut p, x, clock), XferState::Done);
+}
+
+/// One handshake, a READ with an attached notification and a notification
+/// round trip, in the given modes.
+fn exercise(progress: ProgressMode, error_handling: UcxErrorHandling) {
+    let clock = MonotonicClock::new();
+    let mut src: Vec<u64> = (0..8).map(|i| i + 100).collect();
+    let mut dst = vec![0u64; 8];
+    let make = |role: &str| {
+        let mut cfg = NixlConfig::new(unique_name(role));
+        cfg.clock = clock;
+        cfg.progress = progress;
+        cfg.error_handling = error_handling;
+        NixlFabric::new(cfg).expect("NIXL fabric")
+    };
+    let mut p = make("p");
+    let mut d = make("d");
+    let p_src = register_words(&mut p, &mut src);
+    let d_dst = register_words(&mut d, &mut dst);
+    let (to_p, _) = connect(&mut d, &mut p, clock);
+    let (to_d, _) = connect(&mut p, &mut d, clock);
+    let x = d
+        .post_read(
+            to_p,
+            &[desc(d_dst, 0, p_src, 0, 64)],
+            Some(b"done"),
+            clock.now(),
+        )
+        .unwrap();
+    let mut heard = Vec::new();
+    assert_eq!(
+        finish_hearing(&mut d, &mut p, x, clock, &mut heard),
+        XferState::Done
+    );
+    assert_eq!(read_word(&dst, 7), 107);
+    if heard.is_empty() {
+        heard.push(recv_one(&mut p, &mut [&mut d]));
+    }
+    assert_eq!(heard[0].1, b"done".to_vec());
+    p.send_notification(to_d, b"ack").unwrap();
+    assert_eq!(recv_one(&mut d, &mut [&mut p]).1, b"ack".to_vec());
+    drop(d);
+    drop(p);
+}
+
+#[test]
+fn every_progress_and_error_handling_combination_works() {
+    let Some(_g) = nixl_or_skip() else { return };
+    for progress in [
+        ProgressMode::EngineLoop,
+        ProgressMode::Thread { delay_us: 1000 },
+    ] {
+        for eh in [UcxErrorHandling::None, UcxErrorHandling::Peer] {
+            exercise(progress, eh);
+        }
+    }
+}
+
+#[test]
+fn bad_settings_are_refused_before_nixl_is_touched() {
+    let Some(_g) = nixl_or_skip() else { return };
+    for name in ["", "a\0b"] {
+        assert_eq!(
+            NixlFabric::new(NixlConfig::new(name)).err(),
+            Some(NixlInitError::BadName)
+        );
+    }
+    assert_eq!(
+        NixlFabric::new(NixlConfig::new("x".repeat(256))).err(),
+        Some(NixlInitError::BadName)
+    );
+    let mut cfg = NixlConfig::new(unique_name("bad"));
+    cfg.progress = ProgressMode::Thread { delay_us: 0 };
+    assert!(matches!(
+        NixlFabric::new(cfg).err(),
+        Some(NixlInitError::BadConfig(_))
+    ));
+    let mut cfg = NixlConfig::new(unique_name("bad"));
+    cfg.max_inflight_reads = 0;
+    assert!(matches!(
+        NixlFabric::new(cfg).err(),
+        Some(NixlInitError::BadConfig(_))
+    ));
+    // A listen address that cannot be bound.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut cfg = NixlConfig::new(unique_name("bad"));
+    cfg.listen_addr = taken.local_addr().unwrap();
+    assert!(matches!(
+        NixlFabric::new(cfg).err(),
+        Some(NixlInitError::Listen(_))
+    ));
+}
+
+/// A child of `missing_runtime_is_a_typed_error`: no-op unless
+/// `KVLEASE_NIXL_CHILD=absent`. Started without `LD_LIBRARY_PATH`.
+#[test]
+fn child_without_runtime() {
+    if std::env::var(CHILD_ENV).as_deref() != Ok("absent") {
+        return;
+    }
+    if runtime_available() {
+        // Installed system-wide: nothing to check here.
+        println!("{ABSENT_LINE}present");
+        return;
+    }
+    let err = NixlFabric::new(NixlConfig::new("nobody")).err();
+    assert_eq!(err, Some(NixlInitError::RuntimeNotFound));
+    println!("{ABSENT_LINE}refused");
+}
+
+#[test]
+fn missing_runtime_is_a_typed_error() {
+    let Some(_g) = nixl_or_skip() else { return };
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_without_runtime",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, "absent")
+        .env_remove("LD_LIBRARY_PATH")
+        .stdin(Stdio::null())
+        .output()
+        .expect("re-execute the test binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "child failed: {stdout}");
+    assert!(
+        stdout.contains(&format!("{ABSENT_LINE}refused"))
+            || stdout.contains(&format!("{ABSENT_LINE}present")),
+        "{stdout}"
+    );
 }
 
 // ---- latency measurements (numbers quoted in src/fabric/nixl.rs) ---------------

@@ -388,6 +388,9 @@ struct DramRange {
 }
 
 impl MemoryRegion for DramRange {
+    // No unsafe operation here: nixl-sys only reads the address to describe
+    // the range it registers; the range's validity is register_memory's (or
+    // LeaseSlots') contract.
     unsafe fn as_ptr(&self) -> *const u8 {
         self.addr as *const u8
     }
