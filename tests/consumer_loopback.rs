@@ -136,10 +136,15 @@ impl Deployment {
             }
             self.book.poll(now);
             let released = &mut self.released;
+            let mut tickets = Vec::new();
             self.book.drain_released(|r| {
                 released.push((r.request_id.to_string(), r.reason, now));
-                std::mem::forget(r.slot);
+                tickets.extend(r.slot);
             });
+            // The "engine" freed the blocks at once: slots back to the pool.
+            for t in tickets {
+                self.book.blocks_freed(t);
+            }
         }
         received
     }
