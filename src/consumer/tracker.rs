@@ -25,8 +25,8 @@
 //!  members, by position (C = ceil(R / 16) + E chunks of 16 positions)
 //!    members: [Member; C * 16]         request, slot, nonce, P-id length
 //!    inline:  IdArena, C*16 x 64 B     P-side ids of up to 64 bytes
-//!  overflow: IdArena, R x max_id_len   longer P-side ids, by request
 //!    chunk_next / chunk_prev: [u32; C]
+//!  overflow:  IdArena, R x max_id_len  longer P-side ids, by request
 //! ```
 //!
 //! What a heartbeat reads (P-side id, slot, nonce) is stored by *position*
