@@ -800,6 +800,80 @@ fn missing_runtime_is_a_typed_error() {
     );
 }
 
+#[test]
+fn read_past_the_transfer_timeout_is_aborted_and_fails_the_peer() {
+    let Some(_g) = nixl_or_skip() else { return };
+    let clock = MonotonicClock::new();
+    let mut src = vec![1u64; 64];
+    let mut dst = vec![0u64; 64];
+    // Error handling `peer` with engine-loop progress: a READ stalls while
+    // the target does not poll (see the module docs), which is how this test
+    // gets a READ that is still in flight.
+    let make = |role: &str| {
+        let mut cfg = NixlConfig::new(unique_name(role));
+        cfg.clock = clock;
+        cfg.error_handling = UcxErrorHandling::Peer;
+        cfg.transfer_timeout = Duration::from_secs(2);
+        NixlFabric::new(cfg).expect("NIXL fabric")
+    };
+    let mut p = make("p");
+    let mut d = make("d");
+    let p_src = register_words(&mut p, &mut src);
+    let d_dst = register_words(&mut d, &mut dst);
+    let (pid, _) = connect(&mut d, &mut p, clock);
+    let all = [desc(d_dst, 0, p_src, 0, 8 * 64)];
+    // `now` is the caller's: post at t, poll (without P polling) until "3 s
+    // later" (the timeout is 2 s).
+    let t = clock.now();
+    let x = d.post_read(pid, &all, None, t).unwrap();
+    let mut state = XferState::InProgress;
+    for _ in 0..1000 {
+        state = d.read_state(x, t);
+        if state != XferState::InProgress {
+            break;
+        }
+    }
+    if state == XferState::InProgress {
+        assert_eq!(
+            d.read_state(x, t + Duration::from_secs(3)),
+            XferState::Failed(FabricError::TimedOut)
+        );
+        assert_eq!(
+            d.read_state(x, clock.now()),
+            XferState::Failed(FabricError::UnknownXfer)
+        );
+        assert_eq!(
+            d.handshake_state(pid, clock.now()),
+            HandshakeState::Failed(FabricError::TimedOut)
+        );
+        assert_eq!(
+            d.post_read(pid, &all, None, clock.now()),
+            Err(FabricError::NotConnected)
+        );
+        // Re-handshake, and READs work again.
+        let addr = p.listen_addr().to_string();
+        assert_eq!(d.start_handshake(&addr, clock.now()), Ok(pid));
+        poll_until(WAIT, || {
+            p.drain_notifications(&mut |_, _| {}).unwrap();
+            match d.handshake_state(pid, clock.now()) {
+                HandshakeState::Ready(_) => Some(()),
+                HandshakeState::Pending => None,
+                HandshakeState::Failed(e) => panic!("re-handshake failed: {e}"),
+            }
+        })
+        .expect("re-handshake in time");
+    } else {
+        say(&format!(
+            "note: READ ended ({state:?}) without target progress; timeout path not reached"
+        ));
+    }
+    let x = d.post_read(pid, &all, None, clock.now()).unwrap();
+    assert_eq!(finish(&mut d, &mut p, x, clock), XferState::Done);
+    assert_eq!(read_word(&dst, 7), 1);
+    drop(d);
+    drop(p);
+}
+
 // ---- latency measurements (numbers quoted in src/fabric/nixl.rs) ---------------
 
 fn percentile(v: &mut [u64], q: usize) -> u64 {
@@ -1070,6 +1144,18 @@ fn killed_peer_process_fails_reads_with_a_typed_error() {
     // Kill the peer, then READ from it: a typed failure, not a hang.
     child.0.kill().unwrap();
     child.0.wait().unwrap();
+    // A notification to the dead peer returns at once, whatever it says
+    // (UCX may still accept it into shared memory nobody reads).
+    let t = std::time::Instant::now();
+    let sent = d.send_notification(id, b"anyone?");
+    say(&format!(
+        "nixl notification to a killed peer: {sent:?} after {:.1} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    ));
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "send to a dead peer blocked"
+    );
     let t = std::time::Instant::now();
     let outcome = match d.post_read(id, &all, None, clock.now()) {
         Err(e) => Err(e),

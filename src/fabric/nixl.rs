@@ -91,7 +91,18 @@
 //! A dead peer is detected even with error handling `none` on this
 //! transport: after the peer process is killed, the next READ to it fails
 //! with `Backend(-2)` within 0.2–0.4 ms (UCX's `cma` copy reports an I/O
-//! error). Transports that cannot tell fall back to the transfer timeout.
+//! error). Transports that cannot tell fall back to the transfer timeout
+//! (tested with a READ held in flight by error handling `peer` against a
+//! target that does not poll: `Failed(TimedOut)`, request aborted, peer
+//! failed, re-handshake and READ again). A notification to a dead peer is
+//! accepted (`Ok`) and lost.
+//!
+//! Notifications to a receiver that does not poll are buffered by UCX: bursts
+//! of 4096 to an idle receiver all arrived once it drained. A flood of 200 000
+//! did not: UCX cancelled most sends (NIXL logs one error line per message)
+//! while `send_notification` still returned `Ok`. Heartbeats are repeated and
+//! a lost read-done is covered by lease expiry, but a receiver must drain
+//! every step.
 //!
 //! The agent uses NIXL's default thread synchronization (none): every NIXL
 //! call of a fabric comes from the one thread that owns it, and NIXL's UCX
