@@ -62,7 +62,8 @@
 //! never drains receives nothing). It is paired with
 //! `ucx_error_handling_mode = none` ([`UcxErrorHandling::None`]): in `peer`
 //! mode a READ against a peer that is not polling stalls. The price is that
-//! UCX does not detect a dead peer; the fabric's transfer timeout does
+//! UCX is not asked to watch peers: on shared memory it still notices a dead
+//! one (below); elsewhere the fabric's transfer timeout does
 //! ([`NixlConfig::transfer_timeout`]), and the lease covers the rest.
 //!
 //! [`ProgressMode::Thread`] runs NIXL's progress thread with a non-zero delay
@@ -133,7 +134,8 @@
 //! |---------------------------------------------|---------------------------------------------------------|
 //! | `post_read`, cached descriptor set          | no (`post_xfer_req`; notification copied by C++)        |
 //! | `post_read`, new descriptor set             | yes: descriptor lists, `CString`, request, cache index  |
-//! | `read_state`, `cancel_read`                 | no (`get_xfer_status`; cancel releases the request)     |
+//! | `read_state`, `cancel_read`                 | no (`get_xfer_status`; cancel releases the request, so  |
+//! |                                             | the set's next READ creates one again)                  |
 //! | `drain_notifications`, nothing pending      | no (`get_notifications` + map size)                     |
 //! | `drain_notifications`, `n` messages         | yes: `take_notifs` builds a `HashMap` of `String`s       |
 //! | `send_notification`                         | yes: `nixl-sys` makes a `CString` of the peer name      |
@@ -171,10 +173,9 @@
 //!
 //! # Threads
 //!
-//! A `NixlFabric` is not `Send`: `nixl-sys`'s notification map, option
-//! arguments and prepared descriptor handles are not, and UCX workers of the
-//! engine-loop mode are single-threaded. Build it on the thread that runs the
-//! engine loop.
+//! A `NixlFabric` is not `Send`: `nixl-sys`'s notification map and option
+//! arguments are not, and the UCX workers of the engine-loop mode are
+//! single-threaded. Build it on the thread that runs the engine loop.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -184,7 +185,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -200,7 +201,6 @@ use super::{
 use crate::slots::LeaseSlots;
 use crate::sync::{AtomicU32, Ordering};
 use crate::time::{Instant, MonotonicClock};
-use std::sync::Arc;
 
 /// NIXL C API status: invalid parameter (`NIXL_CAPI_ERROR_INVALID_PARAM`).
 pub const STATUS_INVALID_PARAM: i32 = -1;
@@ -253,9 +253,10 @@ pub enum ProgressMode {
 /// UCX endpoint error handling (`ucx_error_handling_mode` of the UCX backend).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UcxErrorHandling {
-    /// `none`: one-sided operations complete without the target polling; a
-    /// dead peer is detected by the fabric's transfer timeout only. The
-    /// default, and the right choice with [`ProgressMode::EngineLoop`].
+    /// `none`: one-sided operations complete without the target polling. UCX
+    /// is not asked to watch peers (shared-memory copies still report a dead
+    /// one); the fabric's transfer timeout is the backstop. The default, and
+    /// the right choice with [`ProgressMode::EngineLoop`].
     None,
     /// `peer`: UCX detects failed peers, but with [`ProgressMode::EngineLoop`]
     /// a READ against a peer that is not polling can stall until it polls.
