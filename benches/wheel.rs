@@ -137,7 +137,9 @@ impl Fixture {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ u64::from(n));
         let keys: Vec<String> = (0..n).map(|_| request_id(&mut rng)).collect();
         let capacity = n + BATCH + K_MAX;
-        let mut wheel = TimerWheel::new(capacity, TICK, T0);
+        // Horizon 60 s: the 10 s..60 s deadlines sit on the near level, as a
+        // lease book sized for them would place them.
+        let mut wheel = TimerWheel::new(capacity, TICK, Duration::from_secs(60), T0);
         let mut map = HashMap::with_capacity(capacity as usize);
         for (i, k) in keys.iter().enumerate() {
             let d = spread_deadline(&mut rng, T0);

@@ -1,4 +1,5 @@
-//! [`TimerWheel`]: a fixed-capacity hierarchical timing wheel.
+//! [`TimerWheel`]: a fixed-capacity timing wheel with a wide near level and
+//! coarse far levels.
 //!
 //! This module owns *when* entries fire. It does not know what an entry is:
 //! the caller numbers its entries `0..capacity` (the lease book uses its
@@ -12,36 +13,47 @@
 //!   after it at the latest (DESIGN.md invariant 4).
 //! - Nothing allocates after [`TimerWheel::new`].
 //! - Insert and cancel are O(1). Renewal ([`TimerWheel::extend`]) is O(1)
-//!   and does not even touch the lists: it only raises the entry's deadline.
+//!   and does not touch the lists: it only raises the entry's deadline.
 //!   When the entry's old slot comes due, the entry is found not to be due
 //!   and is placed again (lazy renewal). So a heartbeat for 256 requests
-//!   costs 256 stores.
-//! - Polling costs O(levels + fired + re-placed), independent of how many
-//!   entries are held: each level keeps a 64-bit occupancy bitmap and the
-//!   next occupied slot is one `trailing_zeros` away.
+//!   costs 256 stores, and a lease renewed every few seconds is moved once
+//!   per expiry period, not once per heartbeat.
+//! - Finding the next due slot is O(levels): occupancy bitmaps and
+//!   `trailing_zeros`. A poll costs that plus the entries it fires or moves.
 //!
-//! # Levels
-//!
-//! Six levels of 64 slots. With the default 10 ms tick:
+//! # Layout
 //!
 //! ```text
-//!  level  slot width        level span        at 10 ms/tick
-//!    0    1 tick            64 ticks           0.64 s
-//!    1    64 ticks          4096 ticks         40.96 s
-//!    2    64^2 ticks        64^3 ticks         43.7 min
-//!    3    64^3 ticks        64^4 ticks         1.94 days
-//!    4    64^4 ticks        64^5 ticks         124 days
-//!    5    64^5 ticks        64^6 ticks         21.8 years
+//!  near level: N slots of one tick (N a power of two, 4096..=2^20, sized at
+//!              construction to cover twice the longest lease); bitmap of N
+//!              bits plus a summary word per 64 bitmap words.
+//!              Holds every entry due within N ticks, at its exact tick.
+//!  far level j (j = 0..5): 64 slots of W_j = N * 64^j ticks each.
+//!              Holds entries due in (W_j, 64 * W_j] ticks, by window.
+//!
+//!  entry:      deadline (ticks), next, prev (u32 links), where it is linked
 //! ```
 //!
-//! An entry lives on the level of the highest 6-bit group in which its
-//! deadline differs from `elapsed` (the last tick polled), so every entry on
-//! level `l` is due before every entry on level `l + 1`: the next expiry is
-//! on the lowest non-empty level. When a slot on level `l > 0` comes due its
-//! entries are placed again, now on a lower level, relative to the slot's
-//! start (the cascade). A deadline past the top level's span is placed at the
-//! top level's furthest slot and placed again when that comes due: far
-//! deadlines fire late by design, never early.
+//! Placement is by *distance*, `d = deadline - elapsed` (`elapsed` = the
+//! last tick fully processed): `d <= N` goes to near slot `deadline mod N`;
+//! otherwise far level `j` with `W_j < d <= 64 W_j`, slot
+//! `(deadline / W_j) mod 64`. A far slot is emptied at the start of its
+//! window, when every entry in it is within `W_j` ticks and moves to a lower
+//! level. An entry placed at distance `d` is at most one window ahead of its
+//! lap, so a far slot never mixes laps.
+//!
+//! # Why not a classic hierarchical wheel
+//!
+//! The first version placed entries tokio-style, by the highest 6-bit group
+//! in which deadline and `elapsed` differ. Every lease that is renewed across
+//! a level boundary then lands in the *same* upper slot, and the whole book
+//! cascades in one poll when that boundary passes: measured 152 ms at 1M
+//! leases, 1.5 ms at 100k (benches/wheel.rs, steady state). With placement
+//! by distance and a near level that covers the lease horizon, a lease is
+//! placed at its exact tick, and the work of a poll is the leases that expire
+//! or were renewed at that tick: spread as evenly as the grants were.
+//! Deadlines past `N` ticks (the bidirectional 480 s TTL, `kv_lease_max_hold`)
+//! still cascade, one far window at a time.
 //!
 //! # Entry links
 //!
@@ -54,12 +66,11 @@ use core::time::Duration;
 
 use crate::time::{duration_nanos, Instant};
 
-const LEVELS: usize = 6;
-const SLOT_BITS: u32 = 6;
-const SLOTS: usize = 1 << SLOT_BITS;
-const SLOT_MASK: u64 = (SLOTS as u64) - 1;
-/// Largest distance (in ticks) an entry can be placed from `elapsed`.
-const MAX_SPAN: u64 = (1 << (SLOT_BITS as usize * LEVELS)) - 1;
+const FAR_LEVELS: usize = 6;
+const FAR_BITS: u32 = 6;
+const FAR_SLOTS: usize = 1 << FAR_BITS;
+const MIN_NEAR_BITS: u32 = 12;
+const MAX_NEAR_BITS: u32 = 20;
 const NIL: u32 = u32::MAX;
 
 /// Where an entry is linked.
@@ -67,8 +78,10 @@ const NIL: u32 = u32::MAX;
 enum Loc {
     /// Not scheduled.
     Idle,
-    /// In the list of slot `slot` of level `level`.
-    Slot { level: u8, slot: u8 },
+    /// In near slot `slot`.
+    Near(u32),
+    /// In slot `slot` of far level `level`.
+    Far { level: u8, slot: u8 },
     /// Taken from a due slot, waiting in `pending`.
     Pending,
 }
@@ -82,10 +95,75 @@ struct Entry {
     loc: Loc,
 }
 
+/// The near level: one slot per tick, a two-level occupancy bitmap.
 #[derive(Debug)]
-struct Level {
+struct Near {
+    heads: Box<[u32]>,
+    /// Bit `s % 64` of word `s / 64`: slot `s` is occupied.
+    bits: Box<[u64]>,
+    /// Bit `w % 64` of word `w / 64`: bitmap word `w` is non-zero.
+    summary: Box<[u64]>,
+}
+
+impl Near {
+    fn new(bits: u32) -> Near {
+        let n = 1usize << bits;
+        let words = n / 64;
+        Near {
+            heads: vec![NIL; n].into_boxed_slice(),
+            bits: vec![0; words].into_boxed_slice(),
+            summary: vec![0; words.div_ceil(64)].into_boxed_slice(),
+        }
+    }
+
+    fn set(&mut self, s: usize) {
+        self.bits[s / 64] |= 1 << (s % 64);
+        self.summary[s / 4096] |= 1 << ((s / 64) % 64);
+    }
+
+    fn clear(&mut self, s: usize) {
+        let w = s / 64;
+        self.bits[w] &= !(1 << (s % 64));
+        if self.bits[w] == 0 {
+            self.summary[w / 64] &= !(1 << (w % 64));
+        }
+    }
+
+    /// The first occupied slot at or after `from`, not wrapping.
+    fn first_from(&self, from: usize) -> Option<usize> {
+        let w = from / 64;
+        if w >= self.bits.len() {
+            return None;
+        }
+        let here = self.bits[w] & (!0u64 << (from % 64));
+        if here != 0 {
+            return Some(w * 64 + here.trailing_zeros() as usize);
+        }
+        // Next non-empty bitmap word after w, through the summary.
+        let first_word = w + 1;
+        let mut sw = first_word / 64;
+        let mut mask = if first_word % 64 == 0 {
+            !0u64
+        } else {
+            !0u64 << (first_word % 64)
+        };
+        while sw < self.summary.len() {
+            let m = self.summary[sw] & mask;
+            if m != 0 {
+                let word = sw * 64 + m.trailing_zeros() as usize;
+                return Some(word * 64 + self.bits[word].trailing_zeros() as usize);
+            }
+            sw += 1;
+            mask = !0;
+        }
+        None
+    }
+}
+
+#[derive(Debug)]
+struct Far {
     occupied: u64,
-    heads: [u32; SLOTS],
+    heads: [u32; FAR_SLOTS],
 }
 
 /// Why a wheel call was refused.
@@ -97,24 +175,42 @@ pub enum WheelError {
     AlreadyScheduled,
 }
 
-/// A fixed-capacity hierarchical timing wheel. See the module docs.
+/// Work counts since construction, for tests and benches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WheelStats {
+    /// Entries handed out as expired.
+    pub fired: u64,
+    /// Entries placed again: renewed since placement, or moved down from a far level.
+    pub moved: u64,
+}
+
+/// A fixed-capacity timing wheel. See the module docs.
 #[derive(Debug)]
 pub struct TimerWheel {
     tick_ns: u64,
+    /// log2 of the near level's slot count.
+    near_bits: u32,
     /// The last tick fully processed: every scheduled entry is due after it.
     elapsed: u64,
-    levels: Box<[Level; LEVELS]>,
+    near: Near,
+    far: Box<[Far; FAR_LEVELS]>,
     entries: Box<[Entry]>,
     /// Head of the list of entries taken from a due slot.
     pending: u32,
     scheduled: u32,
+    stats: WheelStats,
 }
 
 impl TimerWheel {
     /// A wheel for entries `0..capacity` with the given tick (at least 1 ns),
-    /// whose time starts at `start`.
-    pub fn new(capacity: u32, tick: Duration, start: Instant) -> TimerWheel {
+    /// whose time starts at `start`, and whose near level covers `horizon`
+    /// (at least 4096 ticks, at most 2^20): deadlines within the horizon are
+    /// placed at their exact tick and never moved unless renewed.
+    pub fn new(capacity: u32, tick: Duration, horizon: Duration, start: Instant) -> TimerWheel {
         let tick_ns = duration_nanos(tick).max(1);
+        let horizon_ticks = duration_nanos(horizon).div_ceil(tick_ns).max(1);
+        let near_bits =
+            (64 - (horizon_ticks - 1).leading_zeros()).clamp(MIN_NEAR_BITS, MAX_NEAR_BITS);
         let empty = Entry {
             deadline: 0,
             next: NIL,
@@ -123,14 +219,17 @@ impl TimerWheel {
         };
         TimerWheel {
             tick_ns,
+            near_bits,
             elapsed: start.as_nanos() / tick_ns,
-            levels: Box::new(core::array::from_fn(|_| Level {
+            near: Near::new(near_bits),
+            far: Box::new(core::array::from_fn(|_| Far {
                 occupied: 0,
-                heads: [NIL; SLOTS],
+                heads: [NIL; FAR_SLOTS],
             })),
             entries: vec![empty; capacity as usize].into_boxed_slice(),
             pending: NIL,
             scheduled: 0,
+            stats: WheelStats::default(),
         }
     }
 
@@ -159,6 +258,16 @@ impl TimerWheel {
     /// The wheel's tick length.
     pub fn tick(&self) -> Duration {
         Duration::from_nanos(self.tick_ns)
+    }
+
+    /// The span the near level covers (deadlines within it never cascade).
+    pub fn horizon(&self) -> Duration {
+        Duration::from_nanos(self.tick_ns.saturating_mul(1 << self.near_bits))
+    }
+
+    /// Work counts since construction.
+    pub fn stats(&self) -> WheelStats {
+        self.stats
     }
 
     /// Schedules `entry` to fire at the first poll at or after `deadline`.
@@ -218,17 +327,25 @@ impl TimerWheel {
                 self.unlink(idx);
                 if self.entries[idx as usize].deadline <= now_t {
                     self.scheduled -= 1;
+                    self.stats.fired += 1;
                     return Some(idx);
                 }
-                // Renewed since it was placed: place it again, lower down.
+                // Renewed since it was placed, or moved down from a far
+                // level: place it again.
+                self.stats.moved += 1;
                 self.place(idx);
                 continue;
             }
-            match self.next_expiration() {
-                Some((level, slot, at)) if at <= now_t => {
-                    debug_assert!(at >= self.elapsed);
-                    self.elapsed = at;
-                    self.take_slot(level, slot);
+            match self.next_event() {
+                Some((at, slot)) if at <= now_t => {
+                    debug_assert!(at > self.elapsed);
+                    // Every tick before `at` is processed; a far window
+                    // opening at `at` is emptied before near slot `at`.
+                    self.elapsed = at - 1;
+                    self.take(slot);
+                    if let Slot::Near(_) = slot {
+                        self.elapsed = at;
+                    }
                 }
                 _ => {
                     self.elapsed = self.elapsed.max(now_t);
@@ -244,32 +361,66 @@ impl TimerWheel {
         let t = if self.pending != NIL {
             self.elapsed
         } else {
-            self.next_expiration()?.2
+            self.next_event()?.0
         };
         Some(Instant::from_nanos(t.saturating_mul(self.tick_ns)))
     }
 
-    /// Links a scheduled entry into the slot its deadline maps to, relative
-    /// to `elapsed`.
+    fn near_len(&self) -> u64 {
+        1 << self.near_bits
+    }
+
+    /// Window width of far level `j`, in ticks.
+    fn far_width(&self, j: usize) -> u64 {
+        1u64 << (self.near_bits as usize + FAR_BITS as usize * j)
+    }
+
+    /// Links a scheduled entry into the slot its deadline maps to, by its
+    /// distance from `elapsed`.
     fn place(&mut self, idx: u32) {
         let deadline = self.entries[idx as usize].deadline;
-        // A past deadline goes to the next tick; a far one to the furthest slot.
-        let when = deadline.clamp(self.elapsed + 1, self.elapsed + MAX_SPAN);
-        let level = level_for(self.elapsed, when);
-        let slot = ((when >> (level as u32 * SLOT_BITS)) & SLOT_MASK) as usize;
-        let lvl = &mut self.levels[level];
-        let head = lvl.heads[slot];
-        lvl.heads[slot] = idx;
-        lvl.occupied |= 1 << slot;
+        let max_span = self.far_width(FAR_LEVELS - 1) << FAR_BITS;
+        // A past deadline goes to the next tick; one past the last far level
+        // to its furthest window (it fires late by design, never early).
+        let when = deadline.clamp(self.elapsed + 1, self.elapsed + max_span);
+        let dist = when - self.elapsed;
+        let slot = if dist <= self.near_len() {
+            Slot::Near((when & (self.near_len() - 1)) as u32)
+        } else {
+            let mut j = 0;
+            while dist > self.far_width(j) << FAR_BITS {
+                j += 1;
+            }
+            debug_assert!(j < FAR_LEVELS);
+            Slot::Far {
+                level: j as u8,
+                slot: ((when / self.far_width(j)) & (FAR_SLOTS as u64 - 1)) as u8,
+            }
+        };
+        let head = match slot {
+            Slot::Near(s) => {
+                let h = self.near.heads[s as usize];
+                self.near.heads[s as usize] = idx;
+                self.near.set(s as usize);
+                h
+            }
+            Slot::Far { level, slot } => {
+                let f = &mut self.far[level as usize];
+                let h = f.heads[slot as usize];
+                f.heads[slot as usize] = idx;
+                f.occupied |= 1 << slot;
+                h
+            }
+        };
         if head != NIL {
             self.entries[head as usize].prev = idx;
         }
         let e = &mut self.entries[idx as usize];
         e.next = head;
         e.prev = NIL;
-        e.loc = Loc::Slot {
-            level: level as u8,
-            slot: slot as u8,
+        e.loc = match slot {
+            Slot::Near(s) => Loc::Near(s),
+            Slot::Far { level, slot } => Loc::Far { level, slot },
         };
     }
 
@@ -282,11 +433,17 @@ impl TimerWheel {
             self.entries[prev as usize].next = next;
         } else {
             match loc {
-                Loc::Slot { level, slot } => {
-                    let lvl = &mut self.levels[level as usize];
-                    lvl.heads[slot as usize] = next;
+                Loc::Near(s) => {
+                    self.near.heads[s as usize] = next;
                     if next == NIL {
-                        lvl.occupied &= !(1 << slot);
+                        self.near.clear(s as usize);
+                    }
+                }
+                Loc::Far { level, slot } => {
+                    let f = &mut self.far[level as usize];
+                    f.heads[slot as usize] = next;
+                    if next == NIL {
+                        f.occupied &= !(1 << slot);
                     }
                 }
                 Loc::Pending => self.pending = next,
@@ -303,12 +460,23 @@ impl TimerWheel {
     }
 
     /// Moves a whole slot's list onto `pending` (which is empty).
-    fn take_slot(&mut self, level: usize, slot: usize) {
+    fn take(&mut self, slot: Slot) {
         debug_assert_eq!(self.pending, NIL);
-        let lvl = &mut self.levels[level];
-        let head = lvl.heads[slot];
-        lvl.heads[slot] = NIL;
-        lvl.occupied &= !(1 << slot);
+        let head = match slot {
+            Slot::Near(s) => {
+                let h = self.near.heads[s as usize];
+                self.near.heads[s as usize] = NIL;
+                self.near.clear(s as usize);
+                h
+            }
+            Slot::Far { level, slot } => {
+                let f = &mut self.far[level as usize];
+                let h = f.heads[slot as usize];
+                f.heads[slot as usize] = NIL;
+                f.occupied &= !(1 << slot);
+                h
+            }
+        };
         self.pending = head;
         let mut i = head;
         while i != NIL {
@@ -318,40 +486,49 @@ impl TimerWheel {
         }
     }
 
-    /// The earliest occupied slot: (level, slot, its start in ticks).
-    fn next_expiration(&self) -> Option<(usize, usize, u64)> {
-        for (level, lvl) in self.levels.iter().enumerate() {
-            if lvl.occupied == 0 {
+    /// The earliest slot to process and the tick it is due: the next
+    /// occupied near slot, or the opening of the next occupied far window,
+    /// whichever comes first (far first on a tie).
+    fn next_event(&self) -> Option<(u64, Slot)> {
+        let mut best: Option<(u64, Slot)> = None;
+        for (j, f) in self.far.iter().enumerate() {
+            if f.occupied == 0 {
                 continue;
             }
-            let shift = level as u32 * SLOT_BITS;
-            let slot_width = 1u64 << shift;
-            let level_span = slot_width << SLOT_BITS;
-            let now_slot = ((self.elapsed >> shift) & SLOT_MASK) as u32;
-            // Slots from the current position on, wrapping around.
-            let slot = ((lvl.occupied.rotate_right(now_slot).trailing_zeros() + now_slot) as u64
-                & SLOT_MASK) as usize;
-            let level_start = self.elapsed & !(level_span - 1);
-            let mut at = level_start + slot as u64 * slot_width;
-            if at <= self.elapsed && level > 0 {
-                // Only the top level wraps (far deadlines): next lap.
-                at += level_span;
+            let w = self.far_width(j);
+            let cur = self.elapsed / w;
+            let start = ((cur + 1) & (FAR_SLOTS as u64 - 1)) as u32;
+            let dist = u64::from(f.occupied.rotate_right(start).trailing_zeros());
+            let at = (cur + 1 + dist).saturating_mul(w);
+            let slot = Slot::Far {
+                level: j as u8,
+                slot: ((cur + 1 + dist) & (FAR_SLOTS as u64 - 1)) as u8,
+            };
+            if best.is_none_or(|(b, _)| at < b) {
+                best = Some((at, slot));
             }
-            return Some((level, slot, at.max(self.elapsed)));
         }
-        None
+        let n = self.near_len();
+        let from = ((self.elapsed + 1) & (n - 1)) as usize;
+        let near = self
+            .near
+            .first_from(from)
+            .or_else(|| self.near.first_from(0).filter(|&s| s < from));
+        if let Some(s) = near {
+            let dist = (s as u64).wrapping_sub(from as u64) & (n - 1);
+            let at = self.elapsed + 1 + dist;
+            if best.is_none_or(|(b, _)| at < b) {
+                best = Some((at, Slot::Near(s as u32)));
+            }
+        }
+        best
     }
 }
 
-/// The level whose 6-bit group is the highest in which `elapsed` and `when` differ.
-#[inline]
-fn level_for(elapsed: u64, when: u64) -> usize {
-    let mut masked = (elapsed ^ when) | SLOT_MASK;
-    if masked >= MAX_SPAN {
-        masked = MAX_SPAN - 1;
-    }
-    let significant = 63 - masked.leading_zeros();
-    (significant / SLOT_BITS) as usize
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    Near(u32),
+    Far { level: u8, slot: u8 },
 }
 
 #[inline]
@@ -367,7 +544,12 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     fn wheel(cap: u32) -> TimerWheel {
-        TimerWheel::new(cap, Duration::from_millis(10), Instant::ZERO)
+        TimerWheel::new(
+            cap,
+            Duration::from_millis(10),
+            Duration::from_secs(60),
+            Instant::ZERO,
+        )
     }
 
     fn drain(w: &mut TimerWheel, now: Instant) -> Vec<u32> {
@@ -435,7 +617,12 @@ mod tests {
 
     #[test]
     fn past_deadline_fires_on_next_tick() {
-        let mut w = TimerWheel::new(1, Duration::from_millis(10), Instant::from_secs(100));
+        let mut w = TimerWheel::new(
+            1,
+            Duration::from_millis(10),
+            Duration::from_secs(60),
+            Instant::from_secs(100),
+        );
         w.insert(0, Instant::from_secs(1)).unwrap();
         assert_eq!(drain(&mut w, Instant::from_secs(100)), Vec::<u32>::new());
         assert_eq!(drain(&mut w, Instant::from_millis(100_010)), [0]);
@@ -444,7 +631,7 @@ mod tests {
     #[test]
     fn far_deadlines_never_fire_early() {
         // Beyond the top level's span with a 1 ns tick (2^36 ns ~ 69 s).
-        let mut w = TimerWheel::new(2, Duration::from_nanos(1), Instant::ZERO);
+        let mut w = TimerWheel::new(2, Duration::from_nanos(1), Duration::ZERO, Instant::ZERO);
         let far = Instant::from_secs(1000);
         w.insert(0, far).unwrap();
         w.insert(1, Instant::MAX).unwrap();
@@ -472,19 +659,68 @@ mod tests {
         assert!(drain(&mut w, nd.saturating_sub(Duration::from_nanos(1))).is_empty());
     }
 
+    /// Leases renewed every heartbeat interval, never expiring: the work of a
+    /// poll stays spread out, with no cascade of the whole book at a window
+    /// boundary (the first, tokio-style placement moved every lease at once
+    /// every 40.96 s).
+    #[test]
+    fn renewal_work_is_spread_over_polls() {
+        let n = 20_000u32;
+        let mut w = TimerWheel::new(
+            n,
+            Duration::from_millis(10),
+            Duration::from_secs(60),
+            Instant::ZERO,
+        );
+        // Grants spread over the first 5 s, 30 s leases.
+        for i in 0..n {
+            let granted = u64::from(i) * 5_000 / u64::from(n);
+            w.insert(i, Instant::from_millis(granted + 30_000)).unwrap();
+        }
+        let mut worst = 0;
+        let mut now_ms = 0u64;
+        while now_ms < 200_000 {
+            now_ms += 20;
+            // Every entry is renewed once per 5 s interval (a slice of them per step).
+            for i in (0..n).filter(|i| u64::from(*i) % 250 == (now_ms / 20) % 250) {
+                assert!(w.extend(i, Instant::from_millis(now_ms + 20_000)));
+            }
+            let before = w.stats().moved;
+            assert_eq!(
+                w.pop_expired(Instant::from_millis(now_ms)),
+                None,
+                "nothing expires"
+            );
+            worst = worst.max(w.stats().moved - before);
+        }
+        // About n / (15 s / 20 ms) = 27 moves per step on average.
+        println!("worst poll moved {worst} of {n} entries");
+        assert!(worst < 200, "a poll moved {worst} of {n} entries");
+        assert!(w.stats().moved > u64::from(n), "entries were moved lazily");
+    }
+
     /// The wheel against a BTreeMap of deadlines over long random sequences of
     /// insert / extend / cancel / poll, with irregular poll intervals.
     #[test]
     fn matches_reference_model() {
-        for seed in 1..=8u64 {
-            run_model(seed, 20_000);
+        // A horizon of 0 gives the smallest near level (4096 ticks = 41 s), so
+        // the far levels and their windows are exercised too.
+        for horizon_s in [0, 60, 3_000] {
+            for seed in 1..=6u64 {
+                run_model(seed, 20_000, horizon_s);
+            }
         }
     }
 
-    fn run_model(seed: u64, ops: usize) {
+    fn run_model(seed: u64, ops: usize, horizon_s: u64) {
         let cap = 64u32;
         let tick = 10 * MS;
-        let mut w = TimerWheel::new(cap, Duration::from_nanos(tick), Instant::ZERO);
+        let mut w = TimerWheel::new(
+            cap,
+            Duration::from_nanos(tick),
+            Duration::from_secs(horizon_s),
+            Instant::ZERO,
+        );
         let mut model: BTreeMap<u32, u64> = BTreeMap::new(); // entry -> deadline ns
         let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         let mut rand = move || {

@@ -291,7 +291,14 @@ impl LeaseBook {
             ids: IdTable::new(cap, config.max_request_id_len),
             free: (0..cap).rev().collect(),
             free_len: cap as usize,
-            wheel: TimerWheel::new(cap, config.wheel_tick(), now),
+            // The near level covers the longest lease a grant or a renewal sets, so
+            // leases are placed at their exact tick and never cascade.
+            wheel: TimerWheel::new(
+                cap,
+                config.wheel_tick(),
+                config.lease_duration().max(config.lease_extension()),
+                now,
+            ),
             rank_reads: vec![0; cap as usize * ranks].into_boxed_slice(),
             slot_owner: vec![NIL; pool.capacity() as usize].into_boxed_slice(),
             rank_slots: rank_slots.into_boxed_slice(),
