@@ -345,7 +345,9 @@ fn verification_off_grants_without_slot() {
     let mut book = LeaseBook::new(&c, T0);
     let g = book.grant("req", T0).unwrap();
     assert_eq!(g.lease_fields(), None);
-    let untouched: Vec<u32> = std::iter::from_fn(|| book.slot_pool().take()).map(|t| t.slot()).collect();
+    let untouched: Vec<u32> = std::iter::from_fn(|| book.slot_pool().take())
+        .map(|t| t.slot())
+        .collect();
     assert_eq!(untouched.len(), 2, "no slot taken from the pool");
 }
 

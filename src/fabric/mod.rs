@@ -28,8 +28,8 @@
 use core::fmt;
 
 use crate::slots::LeaseSlots;
-use std::sync::Arc;
 use crate::time::Instant;
+use std::sync::Arc;
 
 pub mod loopback;
 #[cfg(all(feature = "nixl", not(loom)))]
