@@ -166,8 +166,19 @@ impl IdTable {
         }
     }
 
-    /// Removes entry `entry`'s id from the table; returns whether it held one.
+    /// Removes entry `entry`'s id from the table and forgets its bytes;
+    /// returns whether it held one.
     pub fn remove(&mut self, entry: u32) -> bool {
+        let had = self.unindex(entry);
+        self.forget(entry);
+        had
+    }
+
+    /// Makes `entry`'s id unfindable by [`IdTable::get`] but keeps its bytes
+    /// ([`IdTable::id`]) until [`IdTable::forget`]; the same id may be
+    /// inserted again for another entry meanwhile. Returns whether it was
+    /// indexed.
+    pub fn unindex(&mut self, entry: u32) -> bool {
         let id = self.id(entry);
         if id.is_empty() {
             return false;
@@ -177,7 +188,6 @@ impl IdTable {
         loop {
             let c = self.cells[i];
             if c == EMPTY {
-                debug_assert!(false, "entry {entry} has an id but no cell");
                 return false;
             }
             if cell_entry(c) == entry {
@@ -185,7 +195,6 @@ impl IdTable {
             }
             i = (i + 1) & self.mask;
         }
-        self.len[entry as usize] = 0;
         // Backward-shift deletion: move later members of the cluster into the
         // hole when their home slot is not inside (hole, current].
         let mut hole = i;
@@ -206,6 +215,14 @@ impl IdTable {
         }
         self.cells[hole] = EMPTY;
         true
+    }
+
+    /// Forgets `entry`'s id bytes (after [`IdTable::unindex`]); the entry may
+    /// then take a new id.
+    pub fn forget(&mut self, entry: u32) {
+        if let Some(n) = self.len.get_mut(entry as usize) {
+            *n = 0;
+        }
     }
 
     /// Keyed 64-bit hash of an id: 8 bytes a round, multiply-xorshift mixing.
@@ -265,6 +282,21 @@ mod tests {
         assert!(!t.remove(0));
         assert_eq!(t.get(b"req-a"), None);
         assert_eq!(t.get(b"req-b"), Some(3));
+    }
+
+    #[test]
+    fn unindexed_id_keeps_its_bytes_and_may_be_reused() {
+        let mut t = IdTable::with_key(2, 8, 1);
+        t.insert(b"a", 0).unwrap();
+        assert!(t.unindex(0));
+        assert!(!t.unindex(0));
+        assert_eq!(t.get(b"a"), None);
+        assert_eq!(t.id(0), b"a");
+        t.insert(b"a", 1).unwrap();
+        assert_eq!(t.get(b"a"), Some(1));
+        t.forget(0);
+        assert_eq!(t.id(0), b"");
+        assert_eq!(t.insert(b"b", 0), Ok(()));
     }
 
     #[test]

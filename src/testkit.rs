@@ -129,7 +129,6 @@ struct ModelLease {
     slot: Option<u32>,
     /// (expected, seen) per rank.
     reads: Vec<(u32, u32)>,
-    released: Option<ReleaseReason>,
 }
 
 /// The book plus its reference model. See the module docs.
@@ -139,7 +138,11 @@ pub struct BookHarness {
     ranks: Vec<Arc<LeaseSlots>>,
     ids: Vec<String>,
     now: Instant,
+    /// Held leases by id.
     model: BTreeMap<usize, ModelLease>,
+    /// Released, not yet drained: (id, reason, slot). An id may appear here
+    /// and in `model` at once (released, then granted again before the drain).
+    released: Vec<(usize, ReleaseReason, Option<u32>)>,
     /// Drained tickets whose blocks the engine has not freed yet.
     tickets: Vec<SlotTicket>,
     all_nonces: HashSet<Nonce>,
@@ -189,6 +192,7 @@ impl BookHarness {
             ids,
             now: Instant::ZERO,
             model: BTreeMap::new(),
+            released: Vec::new(),
             tickets: Vec::new(),
             all_nonces: HashSet::new(),
             old_nonces: Vec::new(),
@@ -202,7 +206,7 @@ impl BookHarness {
     }
 
     fn held(&self, id: usize) -> Option<&ModelLease> {
-        self.model.get(&id).filter(|l| l.released.is_none())
+        self.model.get(&id)
     }
 
     fn pick_nonce(&self, pick: NoncePick, current: Option<Nonce>) -> Option<Nonce> {
@@ -230,7 +234,7 @@ impl BookHarness {
                 let owner = self
                     .model
                     .iter()
-                    .find(|(_, l)| l.released.is_none() && l.slot == Some(slot))
+                    .find(|(_, l)| l.slot == Some(slot))
                     .map(|(i, l)| (*i, l.nonce));
                 let Some(n) = self.pick_nonce(nonce, owner.map(|o| o.1)) else {
                     return;
@@ -294,7 +298,7 @@ impl BookHarness {
             assert_eq!(got, Err(GrantError::Duplicate), "grant of a held id {id}");
             return;
         }
-        if self.model.len() == self.config.lease_capacity as usize {
+        if self.model.len() + self.released.len() == self.config.lease_capacity as usize {
             assert_eq!(got, Err(GrantError::Full));
             return;
         }
@@ -307,8 +311,9 @@ impl BookHarness {
             "nonce {:?} repeated",
             g.nonce
         );
-        let slots_in_use =
-            self.model.values().filter(|l| l.slot.is_some()).count() + self.tickets.len();
+        let slots_in_use = self.model.values().filter(|l| l.slot.is_some()).count()
+            + self.released.iter().filter(|r| r.2.is_some()).count()
+            + self.tickets.len();
         let free_slots = self.config.lease_slots as usize - slots_in_use;
         assert_eq!(
             g.slot.is_some(),
@@ -317,7 +322,8 @@ impl BookHarness {
         );
         if let Some(s) = g.slot {
             assert!(
-                self.model.values().all(|l| l.slot != Some(s)),
+                self.model.values().all(|l| l.slot != Some(s))
+                    && self.released.iter().all(|r| r.2 != Some(s)),
                 "slot {s} given twice"
             );
             assert!(
@@ -337,7 +343,6 @@ impl BookHarness {
                 nonce: g.nonce,
                 slot: g.slot,
                 reads: vec![(0, 0); self.ranks.len()],
-                released: None,
             },
         );
     }
@@ -345,7 +350,7 @@ impl BookHarness {
     fn model_renew(&mut self, id: usize) -> Renewal {
         let now = self.now;
         let ext = self.config.lease_extension();
-        let Some(l) = self.model.get_mut(&id).filter(|l| l.released.is_none()) else {
+        let Some(l) = self.model.get_mut(&id) else {
             return Renewal::Unknown;
         };
         let wanted = now + ext;
@@ -369,7 +374,7 @@ impl BookHarness {
         let ranks = self.ranks.len();
         let want = if rank as usize >= ranks {
             ReadDoneOutcome::BadRank
-        } else if let Some(l) = self.model.get_mut(&id).filter(|l| l.released.is_none()) {
+        } else if let Some(l) = self.model.get_mut(&id) {
             if nonce.is_some_and(|n| n != l.nonce) {
                 ReadDoneOutcome::StaleNonce
             } else {
@@ -399,9 +404,9 @@ impl BookHarness {
     }
 
     fn model_release(&mut self, id: usize, reason: ReleaseReason) {
-        if let Some(l) = self.model.get_mut(&id) {
-            l.released = Some(reason);
+        if let Some(l) = self.model.remove(&id) {
             self.old_nonces.push(l.nonce);
+            self.released.push((id, reason, l.slot));
         }
     }
 
@@ -409,12 +414,7 @@ impl BookHarness {
         self.now = self.now + Duration::from_millis(u64::from(ms));
         self.book.poll(self.now);
         let tick = self.config.wheel_tick();
-        let held: Vec<usize> = self
-            .model
-            .iter()
-            .filter(|(_, l)| l.released.is_none())
-            .map(|(i, _)| *i)
-            .collect();
+        let held: Vec<usize> = self.model.keys().copied().collect();
         for id in held {
             let expiry = self.model[&id].expiry;
             let still_held = self.book.expiry(&self.ids[id]).is_some();
@@ -451,55 +451,45 @@ impl BookHarness {
             }
             reported.push((r.request_id.to_string(), r.reason, r.slot));
         });
-        let mut want: Vec<(String, ReleaseReason)> = self
-            .model
-            .iter()
-            .filter_map(|(i, l)| l.released.map(|r| (self.ids[*i].clone(), r)))
+        let mut want: Vec<(String, ReleaseReason, Option<u32>)> = self
+            .released
+            .drain(..)
+            .map(|(i, r, slot)| (self.ids[i].clone(), r, slot))
             .collect();
-        let mut got: Vec<(String, ReleaseReason)> =
-            reported.iter().map(|(i, r, _)| (i.clone(), *r)).collect();
-        want.sort_by(|a, b| a.0.cmp(&b.0));
-        got.sort_by(|a, b| a.0.cmp(&b.0));
-        assert_eq!(got, want, "released set");
-        for (id, _, ticket) in reported {
-            let idx = self.ids.iter().position(|i| *i == id).unwrap_or(usize::MAX);
-            let l = self.model.remove(&idx);
-            assert_eq!(
-                l.as_ref().and_then(|l| l.slot),
-                ticket.as_ref().map(SlotTicket::slot),
-                "report carries the lease's slot"
-            );
-            self.tickets.extend(ticket);
-        }
+        let mut got: Vec<(String, ReleaseReason, Option<u32>)> = reported
+            .iter()
+            .map(|(i, r, t)| (i.clone(), *r, t.as_ref().map(SlotTicket::slot)))
+            .collect();
+        let key =
+            |x: &(String, ReleaseReason, Option<u32>)| (x.0.clone(), format!("{:?}", x.1), x.2);
+        want.sort_by_key(key);
+        got.sort_by_key(key);
+        assert_eq!(got, want, "released set, each with its lease's slot");
+        self.tickets
+            .extend(reported.into_iter().filter_map(|(_, _, t)| t));
     }
 
     fn check(&self) {
-        let held = self.model.values().filter(|l| l.released.is_none()).count();
-        assert_eq!(self.book.held() as usize, held, "held count");
+        assert_eq!(self.book.held() as usize, self.model.len(), "held count");
         assert_eq!(
             self.book.pending_releases(),
-            self.model.len() - held,
+            self.released.len(),
             "pending releases"
         );
         let slots = self.config.lease_slots;
         for s in 0..slots {
-            let owner = self
-                .model
-                .values()
-                .find(|l| l.released.is_none() && l.slot == Some(s));
+            let owner = self.model.values().find(|l| l.slot == Some(s));
             for (r, a) in self.ranks.iter().enumerate() {
                 let want = owner.map_or(0, |l| l.nonce.get());
                 assert_eq!(a.load(s), Some(want), "rank {r} slot {s}");
             }
         }
         for (id, l) in &self.model {
-            if l.released.is_none() {
-                assert_eq!(
-                    self.book.expiry(&self.ids[*id]),
-                    Some(l.expiry),
-                    "expiry of {id}"
-                );
-            }
+            assert_eq!(
+                self.book.expiry(&self.ids[*id]),
+                Some(l.expiry),
+                "expiry of {id}"
+            );
         }
     }
 }

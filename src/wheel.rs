@@ -88,7 +88,8 @@ enum Loc {
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
-    /// Deadline in ticks (rounded up). May be later than where it is placed.
+    /// Deadline in nanoseconds, exact (ticks are derived where needed, so a
+    /// renewal is one `max` and a store). May be later than where it is placed.
     deadline: u64,
     next: u32,
     prev: u32,
@@ -280,7 +281,7 @@ impl TimerWheel {
         if e.loc != Loc::Idle {
             return Err(WheelError::AlreadyScheduled);
         }
-        e.deadline = ceil_ticks(deadline.as_nanos(), self.tick_ns);
+        e.deadline = deadline.as_nanos();
         self.scheduled += 1;
         self.place(entry);
         Ok(())
@@ -291,20 +292,21 @@ impl TimerWheel {
     /// Returns false (and does nothing) when the entry is not scheduled.
     #[inline]
     pub fn extend(&mut self, entry: u32, deadline: Instant) -> bool {
-        let t = ceil_ticks(deadline.as_nanos(), self.tick_ns);
         match self.entries.get_mut(entry as usize) {
             Some(e) if e.loc != Loc::Idle => {
-                e.deadline = e.deadline.max(t);
+                e.deadline = e.deadline.max(deadline.as_nanos());
                 true
             }
             _ => false,
         }
     }
 
-    /// The deadline `entry` will fire at, rounded up to its tick.
+    /// `entry`'s deadline as given (it fires at the first poll in the tick
+    /// after), or `None` when it is not scheduled.
+    #[inline]
     pub fn deadline(&self, entry: u32) -> Option<Instant> {
         let e = self.entries.get(entry as usize)?;
-        (e.loc != Loc::Idle).then(|| Instant::from_nanos(e.deadline.saturating_mul(self.tick_ns)))
+        (e.loc != Loc::Idle).then_some(Instant::from_nanos(e.deadline))
     }
 
     /// Unschedules `entry`. Returns whether it was scheduled.
@@ -325,7 +327,7 @@ impl TimerWheel {
             if self.pending != NIL {
                 let idx = self.pending;
                 self.unlink(idx);
-                if self.entries[idx as usize].deadline <= now_t {
+                if ceil_ticks(self.entries[idx as usize].deadline, self.tick_ns) <= now_t {
                     self.scheduled -= 1;
                     self.stats.fired += 1;
                     return Some(idx);
@@ -378,7 +380,7 @@ impl TimerWheel {
     /// Links a scheduled entry into the slot its deadline maps to, by its
     /// distance from `elapsed`.
     fn place(&mut self, idx: u32) {
-        let deadline = self.entries[idx as usize].deadline;
+        let deadline = ceil_ticks(self.entries[idx as usize].deadline, self.tick_ns);
         let max_span = self.far_width(FAR_LEVELS - 1) << FAR_BITS;
         // A past deadline goes to the next tick; one past the last far level
         // to its furthest window (it fires late by design, never early).
@@ -595,9 +597,15 @@ mod tests {
             "lower deadline is ignored, call still succeeds"
         );
         assert_eq!(w.deadline(0), Some(Instant::from_secs(50)));
+        w.extend(0, Instant::from_nanos(50_000_000_001));
+        assert_eq!(
+            w.deadline(0),
+            Some(Instant::from_nanos(50_000_000_001)),
+            "exact, not rounded"
+        );
         assert!(drain(&mut w, Instant::from_secs(30)).is_empty());
-        assert!(drain(&mut w, Instant::from_nanos(50_000 * MS - 1)).is_empty());
-        assert_eq!(drain(&mut w, Instant::from_secs(50)), [0]);
+        assert!(drain(&mut w, Instant::from_secs(50)).is_empty());
+        assert_eq!(drain(&mut w, Instant::from_millis(50_010)), [0]);
     }
 
     #[test]

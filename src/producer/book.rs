@@ -85,10 +85,13 @@ enum State {
     Released(ReleaseReason),
 }
 
+/// Per-lease state. The expiry lives in the wheel entry only (one place to
+/// read and raise on a heartbeat), and only held leases are in the id index,
+/// so a renewal by id touches the index cell, the id bytes and the wheel
+/// entry, and never this struct unless `kv_lease_max_hold` is set.
 #[derive(Debug)]
 struct Lease {
     state: State,
-    expiry: Instant,
     /// Renewals never push the expiry past this (grant + max_hold, or MAX).
     hold_until: Instant,
     nonce: Nonce,
@@ -124,7 +127,8 @@ pub enum GrantError {
     Full,
     /// The request id is empty or longer than `kv_lease_max_request_id_len`.
     BadId(IdError),
-    /// A lease with this id is held or released but not yet drained.
+    /// A lease with this id is held. (A released lease's id may be granted
+    /// again at once, even before its release is drained.)
     Duplicate,
 }
 
@@ -229,8 +233,9 @@ pub struct LeaseBook {
     rank_slots: Box<[Arc<LeaseSlots>]>,
     /// Per (entry, rank): readers expected (high 32 bits) and seen (low 32).
     rank_reads: Box<[u64]>,
-    /// slot -> entry holding it, for compact renewals.
-    slot_owner: Box<[u32]>,
+    /// slot -> (entry holding it, its nonce), for compact renewals: one
+    /// cache line answers "is this (slot, nonce) a held lease, and which".
+    slot_owner: Box<[(u32, u64)]>,
     pool: Arc<SlotPool>,
     nonces: NonceSource,
     released: ReleaseQueue,
@@ -281,7 +286,6 @@ impl LeaseBook {
             leases: (0..cap)
                 .map(|_| Lease {
                     state: State::Free,
-                    expiry: Instant::ZERO,
                     hold_until: Instant::MAX,
                     nonce: Nonce::ONE,
                     slot: None,
@@ -300,7 +304,7 @@ impl LeaseBook {
                 now,
             ),
             rank_reads: vec![0; cap as usize * ranks].into_boxed_slice(),
-            slot_owner: vec![NIL; pool.capacity() as usize].into_boxed_slice(),
+            slot_owner: vec![(NIL, 0); pool.capacity() as usize].into_boxed_slice(),
             rank_slots: rank_slots.into_boxed_slice(),
             pool,
             nonces,
@@ -342,7 +346,7 @@ impl LeaseBook {
     /// When the held lease `request_id` expires, if it is held.
     pub fn expiry(&self, request_id: &str) -> Option<Instant> {
         self.held_entry(request_id.as_bytes())
-            .map(|e| self.leases[e as usize].expiry)
+            .and_then(|e| self.wheel.deadline(e))
     }
 
     /// No lease expires before this instant (a lower bound; `None`: none held).
@@ -384,7 +388,7 @@ impl LeaseBook {
             None
         };
         if let Some(t) = &slot {
-            self.slot_owner[t.slot() as usize] = entry;
+            self.slot_owner[t.slot() as usize] = (entry, nonce.get());
             for ranks in self.rank_slots.iter() {
                 ranks.publish(t.slot(), nonce.get());
             }
@@ -399,7 +403,6 @@ impl LeaseBook {
         debug_assert_eq!(lease.state, State::Free);
         *lease = Lease {
             state: State::Held,
-            expiry,
             hold_until: self.max_hold.map_or(Instant::MAX, |h| now + h),
             nonce,
             slot,
@@ -436,12 +439,17 @@ impl LeaseBook {
     /// and only the lease that holds that nonce is renewed.
     #[inline]
     pub fn renew_slot(&mut self, slot: u32, nonce: Nonce, now: Instant) -> Renewal {
-        let entry = self.slot_owner.get(slot as usize).copied().unwrap_or(NIL);
-        if entry == NIL || self.leases[entry as usize].state != State::Held {
+        let (entry, held_nonce) = self
+            .slot_owner
+            .get(slot as usize)
+            .copied()
+            .unwrap_or((NIL, 0));
+        if entry == NIL {
             self.counters.renew_unknown += 1;
             return Renewal::Unknown;
         }
-        if self.leases[entry as usize].nonce != nonce {
+        debug_assert_eq!(self.leases[entry as usize].state, State::Held);
+        if held_nonce != nonce.get() {
             self.counters.renew_nonce_mismatch += 1;
             return Renewal::Unknown;
         }
@@ -450,13 +458,14 @@ impl LeaseBook {
 
     #[inline]
     fn renew_entry(&mut self, entry: u32, now: Instant) -> Renewal {
-        let lease = &mut self.leases[entry as usize];
         let wanted = now + self.extension;
-        let target = wanted.min(lease.hold_until);
-        if target > lease.expiry {
-            lease.expiry = target;
-            self.wheel.extend(entry, target);
-        }
+        let target = match self.max_hold {
+            Some(_) => wanted.min(self.leases[entry as usize].hold_until),
+            None => wanted,
+        };
+        // The wheel keeps the later of the two: a renewal never shortens.
+        let scheduled = self.wheel.extend(entry, target);
+        debug_assert!(scheduled, "held lease {entry} is not on the wheel");
         if target < wanted {
             self.counters.renew_capped += 1;
             Renewal::Capped
@@ -541,14 +550,9 @@ impl LeaseBook {
     /// Expires every lease whose expiry is at or before `now`. Call once per
     /// step. Costs O(levels + expired), whatever the number of leases held.
     pub fn poll(&mut self, now: Instant) {
+        // The wheel never fires early (its model test pins that), so every
+        // entry it hands out is due.
         while let Some(entry) = self.wheel.pop_expired(now) {
-            let expiry = self.leases[entry as usize].expiry;
-            debug_assert!(expiry <= now, "wheel fired entry {entry} early");
-            if expiry > now {
-                // Defensive: never release early, whatever the wheel says.
-                let _ = self.wheel.insert(entry, expiry);
-                continue;
-            }
             self.release(entry, ReleaseReason::Expired);
         }
     }
@@ -572,7 +576,7 @@ impl LeaseBook {
                 reason,
                 slot,
             });
-            self.ids.remove(entry);
+            self.ids.forget(entry);
             self.free[self.free_len] = entry;
             self.free_len += 1;
             self.counters.reported += 1;
@@ -595,11 +599,12 @@ impl LeaseBook {
         self.counters.malformed_notifications += 1;
     }
 
-    /// The entry of a *held* lease with this id.
+    /// The entry of a *held* lease with this id: only held leases are indexed.
     #[inline]
     fn held_entry(&self, request_id: &[u8]) -> Option<u32> {
         let e = self.ids.get(request_id)?;
-        (self.leases[e as usize].state == State::Held).then_some(e)
+        debug_assert_eq!(self.leases[e as usize].state, State::Held);
+        Some(e)
     }
 
     /// Ends a held lease: zero its slot on every rank first, then queue the
@@ -611,9 +616,12 @@ impl LeaseBook {
             for ranks in self.rank_slots.iter() {
                 ranks.clear(t.slot());
             }
-            self.slot_owner[t.slot() as usize] = NIL;
+            self.slot_owner[t.slot() as usize] = (NIL, 0);
         }
         lease.state = State::Released(reason);
+        // Unfindable from now on (renewals and read-dones for it are unknown,
+        // and its id may be granted again), but its bytes stay for the report.
+        self.ids.unindex(entry);
         match reason {
             ReleaseReason::ReadDone => self.counters.released_read += 1,
             ReleaseReason::Expired => self.counters.expired += 1,
