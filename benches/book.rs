@@ -281,6 +281,23 @@ fn bench_renew(c: &mut Criterion, f: &mut Fixture) {
     });
     t.check("book_renew/kvlease");
 
+    // The heartbeat path: the same ids through the batched `renew_all`
+    // (what `on_notification` uses), so cache misses overlap.
+    let mut t = Tally::default();
+    g.bench_function(BenchmarkId::new("kvlease_batched", n), |b| {
+        b.iter(|| {
+            let (j, now) = s.next_batch();
+            let msg = msgs.text[j].as_bytes();
+            let ids = msgs.spans[j]
+                .iter()
+                .map(|&(a, z)| black_box(&msg[a as usize..z as usize]));
+            let (renewed, _) = book.renew_all(ids, now);
+            t.renewed += u64::from(renewed);
+            t.ids += IDS_PER_MSG as u64;
+        })
+    });
+    t.check("book_renew/kvlease_batched");
+
     let mut t = Tally::default();
     g.bench_function(BenchmarkId::new("kvlease_slot", n), |b| {
         b.iter(|| {

@@ -142,7 +142,40 @@ impl IdTable {
         if id.is_empty() || id.len() > self.max_len {
             return None;
         }
-        let h = self.hash(id);
+        self.get_hashed(id, self.hash(id))
+    }
+
+    /// The table's hash of `id` (for [`IdTable::get_hashed`] and
+    /// [`IdTable::warm`]).
+    #[inline]
+    pub fn hash_id(&self, id: &[u8]) -> u64 {
+        self.hash(id)
+    }
+
+    /// Loads what a lookup of hash `h` will need first (its home cell and,
+    /// when that cell's tag matches, the candidate's id bytes), so that a
+    /// batch of lookups can have its cache misses in flight together. Returns
+    /// the candidate entry, for the caller to warm its own per-entry data.
+    #[inline]
+    pub fn warm(&self, h: u64) -> Option<u32> {
+        let c = core::hint::black_box(self.cells[(h as usize) & self.mask]);
+        if c == EMPTY || tag(c) != tag_of(h) {
+            return None;
+        }
+        let e = cell_entry(c);
+        if let Some(b) = self.arena.get(e as usize * self.max_len) {
+            core::hint::black_box(*b);
+        }
+        Some(e)
+    }
+
+    /// As [`IdTable::get`], with the hash already computed by [`IdTable::hash_id`].
+    #[inline]
+    pub fn get_hashed(&self, id: &[u8], h: u64) -> Option<u32> {
+        debug_assert_eq!(h, self.hash(id));
+        if id.is_empty() || id.len() > self.max_len {
+            return None;
+        }
         let mut i = (h as usize) & self.mask;
         loop {
             let c = self.cells[i];

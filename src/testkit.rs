@@ -49,6 +49,12 @@ pub enum BookOp {
         /// Index into the id universe.
         id: u8,
     },
+    /// A batched heartbeat (`renew_all`) for the ids whose bits are set in
+    /// `mask` (ids 0..8).
+    RenewAll {
+        /// Bit i: id number i is in the heartbeat.
+        mask: u8,
+    },
     /// Compact heartbeat for `slot` with the chosen nonce.
     RenewSlot {
         /// Slot index (may be out of range).
@@ -99,7 +105,8 @@ impl BookOp {
             };
             match a % 16 {
                 0..=2 => BookOp::Grant { id: b % IDS as u8 },
-                3..=5 => BookOp::Renew { id: b % IDS as u8 },
+                3 | 4 => BookOp::Renew { id: b % IDS as u8 },
+                5 => BookOp::RenewAll { mask: b },
                 6 => BookOp::RenewSlot {
                     slot: b & 0x0f,
                     nonce: pick,
@@ -228,6 +235,19 @@ impl BookHarness {
                 let got = self.book.renew(self.ids[id].as_bytes(), self.now);
                 let want = self.model_renew(id);
                 assert_eq!(got, want, "renew {id}");
+            }
+            BookOp::RenewAll { mask } => {
+                let chosen: Vec<usize> = (0..8).filter(|i| mask & (1 << i) != 0).collect();
+                let ids: Vec<&[u8]> = chosen.iter().map(|&i| self.ids[i].as_bytes()).collect();
+                let got = self.book.renew_all(ids, self.now);
+                let mut want = (0, 0);
+                for i in chosen {
+                    match self.model_renew(i) {
+                        Renewal::Unknown => want.1 += 1,
+                        _ => want.0 += 1,
+                    }
+                }
+                assert_eq!(got, want, "renew_all {mask:08b}");
             }
             BookOp::RenewSlot { slot, nonce } => {
                 let slot = u32::from(slot);

@@ -309,6 +309,15 @@ impl TimerWheel {
         (e.loc != Loc::Idle).then_some(Instant::from_nanos(e.deadline))
     }
 
+    /// Loads `entry`'s deadline into the cache ahead of an [`TimerWheel::extend`]
+    /// (batched renewals overlap their cache misses this way).
+    #[inline]
+    pub fn warm(&self, entry: u32) {
+        if let Some(e) = self.entries.get(entry as usize) {
+            core::hint::black_box(e.deadline);
+        }
+    }
+
     /// Unschedules `entry`. Returns whether it was scheduled.
     pub fn cancel(&mut self, entry: u32) -> bool {
         if !self.is_scheduled(entry) {

@@ -73,6 +73,12 @@ fn p_side_steps_allocate_nothing_after_construction() {
     let mut nonces = vec![None; ids.len()];
     let mut slots = vec![None; ids.len()];
     let mut freed: Vec<SlotTicket> = Vec::with_capacity(2048);
+    // Heartbeats as they come off the wire: 64 ids each, plus unknown ones.
+    // Only the first half of the ids is heartbeated; the rest expire.
+    let heartbeats: Vec<String> = ids[..LIVE / 2]
+        .chunks(64)
+        .map(|c| format!("HB:{},unknown-a,unknown-b", c.join(",")))
+        .collect();
     let mut reported = 0u64;
 
     // --- steady state: must not allocate ---
@@ -114,7 +120,11 @@ fn p_side_steps_allocate_nothing_after_construction() {
             6 => {
                 book.cancel(id);
             }
-            _ => {}
+            _ => {
+                let msg = &heartbeats[k % heartbeats.len()];
+                let _ = book.on_notification(0, msg.as_bytes(), now);
+                let _ = book.on_notification(0, b"HBC:not-hex", now);
+            }
         }
         book.poll(now);
         book.drain_released(|r| {

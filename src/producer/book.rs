@@ -435,6 +435,53 @@ impl LeaseBook {
         }
     }
 
+    /// Renews every id of a heartbeat, as [`LeaseBook::renew`] would one by
+    /// one, and adds the outcomes to `renewed` / `ignored`.
+    ///
+    /// Ids are taken in batches of 64: first every id is hashed and its
+    /// index cell, id bytes and wheel entry are loaded, then the batch is
+    /// renewed. At 100k leases each renewal is three cache misses; taken one
+    /// id at a time they are paid in series, in a batch they overlap.
+    pub fn renew_all<'a>(
+        &mut self,
+        ids: impl IntoIterator<Item = &'a [u8]>,
+        now: Instant,
+    ) -> (u32, u32) {
+        const BATCH: usize = 64;
+        let mut batch: [(&[u8], u64); BATCH] = [(&[], 0); BATCH];
+        let (mut renewed, mut ignored) = (0u32, 0u32);
+        let mut ids = ids.into_iter();
+        loop {
+            let mut n = 0;
+            for id in ids.by_ref().take(BATCH) {
+                let h = self.ids.hash_id(id);
+                batch[n] = (id, h);
+                n += 1;
+            }
+            if n == 0 {
+                return (renewed, ignored);
+            }
+            for &(_, h) in &batch[..n] {
+                if let Some(e) = self.ids.warm(h) {
+                    self.wheel.warm(e);
+                }
+            }
+            for &(id, h) in &batch[..n] {
+                let outcome = match self.ids.get_hashed(id, h) {
+                    Some(e) => self.renew_entry(e, now),
+                    None => {
+                        self.counters.renew_unknown += 1;
+                        Renewal::Unknown
+                    }
+                };
+                match outcome {
+                    Renewal::Unknown => ignored += 1,
+                    _ => renewed += 1,
+                }
+            }
+        }
+    }
+
     /// Renews by (slot, nonce) from a compact heartbeat: O(1), no hashing,
     /// and only the lease that holds that nonce is renewed.
     #[inline]

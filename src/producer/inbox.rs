@@ -43,9 +43,9 @@ impl LeaseBook {
         let mut summary = InboxSummary::default();
         match decoded {
             Notification::Heartbeat(ids) => {
-                for id in ids {
-                    summary.count(self.renew(id.as_bytes(), now));
-                }
+                let (renewed, ignored) = self.renew_all(ids.map(str::as_bytes), now);
+                summary.renewed += renewed;
+                summary.ignored += ignored;
             }
             Notification::CompactHeartbeat(entries) => {
                 for e in entries {
