@@ -64,6 +64,9 @@
 //!
 //! - [`config`]: settings, vLLM-compatible parsing, derived heartbeat interval and extension.
 //! - [`producer`]: the P-side [`LeaseBook`] and its counters.
+//! - [`consumer`]: the D side: [`consumer::HeartbeatTracker`] (scheduler),
+//!   [`consumer::HeartbeatSender`] (worker) and [`consumer::LeaseVerifier`]
+//!   (the post-READ slot check that fails closed).
 //! - [`wheel`]: the fixed-capacity timing wheel behind expiry.
 //! - [`slots`], [`slot_pool`], [`nonce`]: the exported lease words, their lock-free pool, nonces.
 //! - [`ids`]: inline request ids and their preallocated index.
