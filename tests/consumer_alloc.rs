@@ -8,12 +8,16 @@
 //! own thread while armed (a thread-local flag, so the harness's threads do
 //! not interfere).
 
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 #[path = "consumer_support/fake_fabric.rs"]
 mod fake_fabric;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use counting_alloc::{count_allocs, CountingAlloc};
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
 use std::time::Duration;
 
 use fake_fabric::{FakeFabric, Policy};
@@ -22,43 +26,6 @@ use kvlease::consumer::{
     TrackOutcome,
 };
 use kvlease::{EngineShape, Instant, LeaseConfig};
-
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-static BYTES: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    static ARMED: Cell<bool> = const { Cell::new(false) };
-}
-
-fn count(size: usize) {
-    if ARMED.with(Cell::get) {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        BYTES.fetch_add(size as u64, Ordering::Relaxed);
-    }
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 /// Writes `prefix` and `n` in decimal into `buf`; returns the text.
 fn id_into<'b, const N: usize>(buf: &'b mut [u8; N], prefix: &[u8], mut n: u64) -> &'b str {
@@ -144,97 +111,90 @@ fn steady_state_d_steps_allocate_nothing() {
     let mut d_buf = [0u8; 32];
     let mut p_buf = [0u8; 96];
 
-    // The counter counts: one armed allocation is seen, then reset.
-    ARMED.with(|a| a.set(true));
-    drop(std::hint::black_box(Vec::<u8>::with_capacity(24)));
-    ARMED.with(|a| a.set(false));
-    assert_eq!(ALLOCS.swap(0, Ordering::Relaxed), 1);
-    assert_eq!(BYTES.swap(0, Ordering::Relaxed), 24);
+    counting_alloc::self_check();
 
     // ---- steady state: nothing below may allocate ----
-    ARMED.with(|a| a.set(true));
-    for step in 0..STEPS {
-        // Two regimes: a large stable population, then a small one in which
-        // engines keep emptying, disappearing and coming back (slot reuse,
-        // fresh handshakes, dropped deferred heartbeats).
-        let target = if step < STEPS / 2 { TARGET_LIVE } else { 12 };
-        now = now + Duration::from_millis(50);
-        // Arrivals: 2 a step.
-        for _ in 0..2 {
-            let r = next();
-            let n = next_id;
-            next_id += 1;
-            let e = (r % ENGINES.len() as u64) as usize;
-            let engine = ENGINES[e];
-            // P TP per engine: 1, 2 or 4 (fan-out 1, 1, 2 from D TP 2).
-            let tp = [1, 2, 4][e % 3];
-            // Every fourth engine gets some requests without a lease (text
-            // heartbeats); the others are all leased (compact).
-            let leased = e % 4 != 0 || (r >> 16) % 8 != 0;
-            let d = id_into(&mut d_buf, b"cmpl-d-", n);
-            // Mostly vLLM-sized ids (inline); every fifth longer than the
-            // 64-byte inline slot (overflow arena).
-            let prefix: &[u8] = if n % 5 == 0 {
-                b"chatcmpl-long-0123456789abcdef-0123456789abcdef-0123456789abcdef-"
-            } else {
-                b"cmpl-p-0123456789abcdef-"
-            };
-            let p = id_into(&mut p_buf, prefix, n);
-            let params = RemotePrefillParams {
-                do_remote_prefill: (r >> 24) % 16 != 0,
-                remote_engine_id: Some(engine),
-                remote_request_id: Some(p),
-                remote_host: Some("p0"),
-                remote_port: Some(5600),
-                // Engine e05 always arrives with tp 3: cannot map to D TP 2.
-                tp_size: Some(if engine == "e05" { 3 } else { tp }),
-                remote_lease_slot: leased.then_some((n % 4096) as u32),
-                remote_lease_nonce: leased.then_some(n + 1),
-                ..Default::default()
-            };
-            match tracker.on_new_request(d, &params, now) {
-                Ok(TrackOutcome::Started) => {
-                    started += 1;
-                    live.push(n);
+    let ((), counts) = count_allocs(|| {
+        for step in 0..STEPS {
+            // Two regimes: a large stable population, then a small one in which
+            // engines keep emptying, disappearing and coming back (slot reuse,
+            // fresh handshakes, dropped deferred heartbeats).
+            let target = if step < STEPS / 2 { TARGET_LIVE } else { 12 };
+            now = now + Duration::from_millis(50);
+            // Arrivals: 2 a step.
+            for _ in 0..2 {
+                let r = next();
+                let n = next_id;
+                next_id += 1;
+                let e = (r % ENGINES.len() as u64) as usize;
+                let engine = ENGINES[e];
+                // P TP per engine: 1, 2 or 4 (fan-out 1, 1, 2 from D TP 2).
+                let tp = [1, 2, 4][e % 3];
+                // Every fourth engine gets some requests without a lease (text
+                // heartbeats); the others are all leased (compact).
+                let leased = e % 4 != 0 || (r >> 16) % 8 != 0;
+                let d = id_into(&mut d_buf, b"cmpl-d-", n);
+                // Mostly vLLM-sized ids (inline); every fifth longer than the
+                // 64-byte inline slot (overflow arena).
+                let prefix: &[u8] = if n % 5 == 0 {
+                    b"chatcmpl-long-0123456789abcdef-0123456789abcdef-0123456789abcdef-"
+                } else {
+                    b"cmpl-p-0123456789abcdef-"
+                };
+                let p = id_into(&mut p_buf, prefix, n);
+                let params = RemotePrefillParams {
+                    do_remote_prefill: (r >> 24) % 16 != 0,
+                    remote_engine_id: Some(engine),
+                    remote_request_id: Some(p),
+                    remote_host: Some("p0"),
+                    remote_port: Some(5600),
+                    // Engine e05 always arrives with tp 3: cannot map to D TP 2.
+                    tp_size: Some(if engine == "e05" { 3 } else { tp }),
+                    remote_lease_slot: leased.then_some((n % 4096) as u32),
+                    remote_lease_nonce: leased.then_some(n + 1),
+                    ..Default::default()
+                };
+                match tracker.on_new_request(d, &params, now) {
+                    Ok(TrackOutcome::Started) => {
+                        started += 1;
+                        live.push(n);
+                    }
+                    Ok(_) => {}
+                    Err(_) => refused += 1,
                 }
-                Ok(_) => {}
-                Err(_) => refused += 1,
             }
-        }
-        // Departures: transfer complete or finished, 2 a step once the
-        // population reached its target (so about `target` stay tracked).
-        for k in 0..2 {
-            if live.len() < target {
-                break;
+            // Departures: transfer complete or finished, 2 a step once the
+            // population reached its target (so about `target` stay tracked).
+            for k in 0..2 {
+                if live.len() < target {
+                    break;
+                }
+                let at = (next() % live.len() as u64) as usize;
+                let n = live.swap_remove(at);
+                let d = id_into(&mut d_buf, b"cmpl-d-", n);
+                let stopped = if k == 0 {
+                    tracker.on_transfer_complete(d)
+                } else {
+                    tracker.on_request_finished(d)
+                };
+                assert!(stopped);
             }
-            let at = (next() % live.len() as u64) as usize;
-            let n = live.swap_remove(at);
-            let d = id_into(&mut d_buf, b"cmpl-d-", n);
-            let stopped = if k == 0 {
-                tracker.on_transfer_complete(d)
-            } else {
-                tracker.on_request_finished(d)
+            // An untracked finish (vLLM reports every request).
+            let d = id_into(&mut d_buf, b"never-", next() % 1000);
+            assert!(!tracker.on_request_finished(d));
+            // The heartbeat step for both D ranks.
+            let [s0, s1] = &mut senders[..] else {
+                unreachable!()
             };
-            assert!(stopped);
+            tracker.due(now, |b| {
+                let _ = s0.send_due(&b, now);
+                let _ = s1.send_due(&b, now);
+            });
+            s0.finish_step(&tracker, now);
+            s1.finish_step(&tracker, now);
         }
-        // An untracked finish (vLLM reports every request).
-        let d = id_into(&mut d_buf, b"never-", next() % 1000);
-        assert!(!tracker.on_request_finished(d));
-        // The heartbeat step for both D ranks.
-        let [s0, s1] = &mut senders[..] else {
-            unreachable!()
-        };
-        tracker.due(now, |b| {
-            let _ = s0.send_due(&b, now);
-            let _ = s1.send_due(&b, now);
-        });
-        s0.finish_step(&tracker, now);
-        s1.finish_step(&tracker, now);
-    }
-    ARMED.with(|a| a.set(false));
-
-    let allocs = ALLOCS.load(Ordering::Relaxed);
-    let bytes = BYTES.load(Ordering::Relaxed);
+    });
+    let (allocs, bytes) = (counts.allocs, counts.bytes);
     // Make sure the run exercised what it claims to.
     let tc = *tracker.counters();
     let c0 = *senders[0].counters();

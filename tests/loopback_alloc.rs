@@ -8,9 +8,6 @@
 //! A counting global allocator counts only on the thread that armed it, so
 //! the test harness's own threads cannot disturb the count.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,46 +17,13 @@ use kvlease::fabric::loopback::{
 use kvlease::fabric::{Fabric, HandshakeState, ReadDesc, XferState};
 use kvlease::{Instant, LeaseSlots};
 
-struct Counting;
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    static ARMED: Cell<bool> = const { Cell::new(false) };
-}
-
-fn count() {
-    if ARMED.with(Cell::get) {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; the counter
-// only bumps an atomic.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use counting_alloc::{count_allocs, CountingAlloc};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 const CYCLES: u64 = 10_000;
 
@@ -133,36 +97,37 @@ fn steady_state_send_drain_read_allocates_nothing() {
         bytes += msg.len() as u64;
     };
 
-    ARMED.with(|a| a.set(true));
-    for cycle in 0..CYCLES {
-        let now = Instant::from_micros_for_test(cycle * 100);
-        net.advance_to(now);
-        d.send_notification(to_p, b"HB:req-1,req-2,req-3").unwrap();
-        p.send_notification(to_d, b"ack").unwrap();
-        p.drain_notifications(&mut sink).unwrap();
-        d.drain_notifications(&mut sink).unwrap();
-        assert!(matches!(
-            d.handshake_state(to_p, now),
-            HandshakeState::Ready(_)
-        ));
+    counting_alloc::self_check();
+    let ((), counts) = count_allocs(|| {
+        for cycle in 0..CYCLES {
+            let now = Instant::from_micros_for_test(cycle * 100);
+            net.advance_to(now);
+            d.send_notification(to_p, b"HB:req-1,req-2,req-3").unwrap();
+            p.send_notification(to_d, b"ack").unwrap();
+            p.drain_notifications(&mut sink).unwrap();
+            d.drain_notifications(&mut sink).unwrap();
+            assert!(matches!(
+                d.handshake_state(to_p, now),
+                HandshakeState::Ready(_)
+            ));
 
-        let descs: &[ReadDesc] = if cycle % 2 == 0 {
-            &word_descs
-        } else {
-            &block_desc
-        };
-        let x = d.post_read(to_p, descs, Some(b"req-1:1"), now).unwrap();
-        assert_eq!(d.read_state(x, now), XferState::InProgress);
-        let later = Instant::from_micros_for_test(cycle * 100 + 50);
-        assert_eq!(d.read_state(x, later), XferState::Done);
-        if cycle % 16 == 0 {
-            let y = d.post_read(to_p, &block_desc, None, later).unwrap();
-            d.cancel_read(y);
+            let descs: &[ReadDesc] = if cycle % 2 == 0 {
+                &word_descs
+            } else {
+                &block_desc
+            };
+            let x = d.post_read(to_p, descs, Some(b"req-1:1"), now).unwrap();
+            assert_eq!(d.read_state(x, now), XferState::InProgress);
+            let later = Instant::from_micros_for_test(cycle * 100 + 50);
+            assert_eq!(d.read_state(x, later), XferState::Done);
+            if cycle % 16 == 0 {
+                let y = d.post_read(to_p, &block_desc, None, later).unwrap();
+                d.cancel_read(y);
+            }
         }
-    }
-    ARMED.with(|a| a.set(false));
+    });
 
-    let allocs = ALLOCS.load(Ordering::Relaxed);
+    let allocs = counts.allocs;
     assert_eq!(
         allocs, 0,
         "{allocs} heap allocations in {CYCLES} steady-state cycles"

@@ -20,8 +20,6 @@
 //! Waits are poll loops with deadlines of seconds; nothing sleeps for a fixed
 //! time and then asserts.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -59,61 +57,18 @@ const WAIT: Duration = Duration::from_secs(10);
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Counts heap allocations made by the current thread while counting is on
-/// (only Rust's allocator: NIXL's C++ side is not seen).
-struct CountingAlloc;
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn note_alloc() {
-    let on = COUNTING.try_with(Cell::get).unwrap_or(false);
-    if on {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-    }
-}
-
-// SAFETY: forwards every call unchanged to the system allocator; the
-// bookkeeping touches only const-initialized thread-locals without
-// destructors (no allocation, no re-entry).
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_alloc();
-        // SAFETY: the caller's contract for `alloc` is passed on unchanged.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_alloc();
-        // SAFETY: as for `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_alloc();
-        // SAFETY: `ptr` came from this allocator (hence from System) with
-        // `layout`, as the caller guarantees.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as for `realloc`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+// Counts heap allocations made by the current thread (only Rust's
+// allocator: NIXL's C++ side is not seen).
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
 #[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
+static ALLOC: counting_alloc::CountingAlloc = counting_alloc::CountingAlloc;
 
 /// Allocations `f` makes on this thread.
 fn allocations<T>(f: impl FnOnce() -> T) -> (T, u64) {
-    let before = ALLOCS.with(Cell::get);
-    COUNTING.with(|c| c.set(true));
-    let v = f();
-    COUNTING.with(|c| c.set(false));
-    (v, ALLOCS.with(Cell::get) - before)
+    let (v, counts) = counting_alloc::count_allocs(f);
+    (v, counts.allocs)
 }
 
 /// Writes straight to the process's stderr, past libtest's output capture.

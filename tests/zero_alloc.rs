@@ -3,58 +3,20 @@
 //! read-dones with and without nonce, stale and unknown notifications,
 //! expiries, cancels, drains and slot reuse) make exactly 0 heap allocations.
 //!
-//! A counting global allocator counts only on the thread that armed it, so
-//! the test harness's own threads cannot disturb the count.
+//! The counting allocator (tests/support/counting_alloc.rs) counts only on
+//! the thread that armed it, so the harness's own threads cannot disturb it.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig, SlotTicket};
 
-struct Counting;
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-static BYTES: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    static ARMED: Cell<bool> = const { Cell::new(false) };
-}
-
-fn count(size: usize) {
-    if ARMED.with(Cell::get) {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        BYTES.fetch_add(size as u64, Ordering::Relaxed);
-    }
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; the counter
-// only reads the layout.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size);
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use counting_alloc::{count_allocs, CountingAlloc};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 const STEPS: u64 = 100_000;
 const LIVE: usize = 512;
@@ -82,68 +44,68 @@ fn p_side_steps_allocate_nothing_after_construction() {
     let mut reported = 0u64;
 
     // --- steady state: must not allocate ---
-    ARMED.with(|a| a.set(true));
-    let mut now = Instant::ZERO;
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
-    for step in 0..STEPS {
-        now = now + Duration::from_millis(20);
-        // A pseudo-random walk over the ids, so every operation meets held and free ids.
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let k = (rng % ids.len() as u64) as usize;
-        let id = &ids[k];
-        match step % 8 {
-            // Grants: fail as Duplicate when held, or Full when the book is.
-            0 | 1 => {
-                if let Ok(g) = book.grant(id, now) {
-                    nonces[k] = Some(g.nonce);
-                    slots[k] = g.slot;
+    counting_alloc::self_check();
+    let ((), counts) = count_allocs(|| {
+        let mut now = Instant::ZERO;
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..STEPS {
+            now = now + Duration::from_millis(20);
+            // A pseudo-random walk over the ids, so every operation meets held and free ids.
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let k = (rng % ids.len() as u64) as usize;
+            let id = &ids[k];
+            match step % 8 {
+                // Grants: fail as Duplicate when held, or Full when the book is.
+                0 | 1 => {
+                    if let Ok(g) = book.grant(id, now) {
+                        nonces[k] = Some(g.nonce);
+                        slots[k] = g.slot;
+                    }
+                }
+                2 => {
+                    book.renew(id.as_bytes(), now);
+                    book.renew(b"never-granted", now);
+                }
+                3 => {
+                    if let (Some(s), Some(n)) = (slots[k], nonces[k]) {
+                        book.renew_slot(s, n, now);
+                    }
+                }
+                4 => {
+                    book.read_done(0, id.as_bytes(), 1, nonces[k], now);
+                }
+                5 => {
+                    book.read_done(0, id.as_bytes(), 2, None, now);
+                    book.read_done(0, b"unknown", 1, None, now);
+                }
+                6 => {
+                    book.cancel(id);
+                }
+                _ => {
+                    let msg = &heartbeats[k % heartbeats.len()];
+                    let _ = book.on_notification(0, msg.as_bytes(), now);
+                    let _ = book.on_notification(0, b"HBC:not-hex", now);
                 }
             }
-            2 => {
-                book.renew(id.as_bytes(), now);
-                book.renew(b"never-granted", now);
-            }
-            3 => {
-                if let (Some(s), Some(n)) = (slots[k], nonces[k]) {
-                    book.renew_slot(s, n, now);
+            book.poll(now);
+            book.drain_released(|r| {
+                reported += 1;
+                if let Some(t) = r.slot {
+                    freed.push(t);
+                }
+            });
+            // The engine frees blocks a few steps later; then the slot returns.
+            if freed.len() > 16 {
+                while let Some(t) = freed.pop() {
+                    book.blocks_freed(t);
                 }
             }
-            4 => {
-                book.read_done(0, id.as_bytes(), 1, nonces[k], now);
-            }
-            5 => {
-                book.read_done(0, id.as_bytes(), 2, None, now);
-                book.read_done(0, b"unknown", 1, None, now);
-            }
-            6 => {
-                book.cancel(id);
-            }
-            _ => {
-                let msg = &heartbeats[k % heartbeats.len()];
-                let _ = book.on_notification(0, msg.as_bytes(), now);
-                let _ = book.on_notification(0, b"HBC:not-hex", now);
-            }
+            let _ = book.counters().expired;
         }
-        book.poll(now);
-        book.drain_released(|r| {
-            reported += 1;
-            if let Some(t) = r.slot {
-                freed.push(t);
-            }
-        });
-        // The engine frees blocks a few steps later; then the slot returns.
-        if freed.len() > 16 {
-            while let Some(t) = freed.pop() {
-                book.blocks_freed(t);
-            }
-        }
-        let _ = book.counters().expired;
-    }
-    ARMED.with(|a| a.set(false));
-    let allocs = ALLOCS.load(Ordering::Relaxed);
-    let bytes = BYTES.load(Ordering::Relaxed);
+    });
+    let (allocs, bytes) = (counts.allocs, counts.bytes);
 
     // The run exercised every path it claims to.
     let c = *book.counters();
