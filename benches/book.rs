@@ -311,6 +311,22 @@ fn bench_renew(c: &mut Criterion, f: &mut Fixture) {
     });
     t.check("book_renew/kvlease_slot");
 
+    let mut t = Tally::default();
+    g.bench_function(BenchmarkId::new("kvlease_slot_batched", n), |b| {
+        b.iter(|| {
+            let (j, now) = s.next_batch();
+            let (renewed, _) = book.renew_slots_all(
+                msgs.pairs[j]
+                    .iter()
+                    .map(|&(slot, nonce)| (black_box(slot), nonce)),
+                now,
+            );
+            t.renewed += u64::from(renewed);
+            t.ids += IDS_PER_MSG as u64;
+        })
+    });
+    t.check("book_renew/kvlease_slot_batched");
+
     let map = &mut f.map;
     let s = &mut f.map_stream;
     let extension = f.extension;

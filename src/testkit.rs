@@ -260,7 +260,18 @@ impl BookHarness {
                     return;
                 };
                 let mismatches = self.book.counters().renew_nonce_mismatch;
-                let got = self.book.renew_slot(slot, n, self.now);
+                // Alternate between the single and the batched compact path.
+                let got = if self.ops % 2 == 0 {
+                    self.book.renew_slot(slot, n, self.now)
+                } else {
+                    let capped = self.book.counters().renew_capped;
+                    match self.book.renew_slots_all([(slot, n)], self.now) {
+                        (1, 0) if self.book.counters().renew_capped > capped => Renewal::Capped,
+                        (1, 0) => Renewal::Renewed,
+                        (0, 1) => Renewal::Unknown,
+                        other => panic!("renew_slots_all of one record returned {other:?}"),
+                    }
+                };
                 let want = match owner {
                     Some((id, owner_nonce)) if owner_nonce == n => self.model_renew(id),
                     _ => Renewal::Unknown,

@@ -41,6 +41,10 @@ fn p_side_steps_allocate_nothing_after_construction() {
         .chunks(64)
         .map(|c| format!("HB:{},unknown-a,unknown-b", c.join(",")))
         .collect();
+    // Compact heartbeats naming slots 0..64 with nonces that mostly do not match.
+    let compact: String = std::iter::once("HBC:".to_string())
+        .chain((0..64u32).map(|s| format!("{s:08x}{:016x}", u64::from(s) + 1)))
+        .collect();
     let mut reported = 0u64;
 
     // --- steady state: must not allocate ---
@@ -87,6 +91,7 @@ fn p_side_steps_allocate_nothing_after_construction() {
                     let msg = &heartbeats[k % heartbeats.len()];
                     let _ = book.on_notification(0, msg.as_bytes(), now);
                     let _ = book.on_notification(0, b"HBC:not-hex", now);
+                    let _ = book.on_notification(0, compact.as_bytes(), now);
                 }
             }
             book.poll(now);

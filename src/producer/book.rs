@@ -482,6 +482,45 @@ impl LeaseBook {
         }
     }
 
+    /// Renews every (slot, nonce) of a compact heartbeat, as
+    /// [`LeaseBook::renew_slot`] would one by one; returns (renewed, ignored).
+    /// Batched like [`LeaseBook::renew_all`]: the slot-owner words and wheel
+    /// entries of 64 records are loaded before any is renewed.
+    pub fn renew_slots_all(
+        &mut self,
+        entries: impl IntoIterator<Item = (u32, Nonce)>,
+        now: Instant,
+    ) -> (u32, u32) {
+        const BATCH: usize = 64;
+        let mut batch = [(0u32, Nonce::ONE); BATCH];
+        let (mut renewed, mut ignored) = (0u32, 0u32);
+        let mut entries = entries.into_iter();
+        loop {
+            let mut n = 0;
+            for e in entries.by_ref().take(BATCH) {
+                if let Some(owner) = self.slot_owner.get(e.0 as usize) {
+                    core::hint::black_box(owner.0);
+                }
+                batch[n] = e;
+                n += 1;
+            }
+            if n == 0 {
+                return (renewed, ignored);
+            }
+            for &(slot, _) in &batch[..n] {
+                if let Some(&(entry, _)) = self.slot_owner.get(slot as usize) {
+                    self.wheel.warm(entry);
+                }
+            }
+            for &(slot, nonce) in &batch[..n] {
+                match self.renew_slot(slot, nonce, now) {
+                    Renewal::Unknown => ignored += 1,
+                    _ => renewed += 1,
+                }
+            }
+        }
+    }
+
     /// Renews by (slot, nonce) from a compact heartbeat: O(1), no hashing,
     /// and only the lease that holds that nonce is renewed.
     #[inline]

@@ -48,9 +48,10 @@ impl LeaseBook {
                 summary.ignored += ignored;
             }
             Notification::CompactHeartbeat(entries) => {
-                for e in entries {
-                    summary.count(self.renew_slot(e.slot, e.nonce, now));
-                }
+                let (renewed, ignored) =
+                    self.renew_slots_all(entries.map(|e| (e.slot, e.nonce)), now);
+                summary.renewed += renewed;
+                summary.ignored += ignored;
             }
             Notification::ReadDone(rd) => {
                 summary.read_done = Some(self.read_done(
@@ -63,14 +64,5 @@ impl LeaseBook {
             }
         }
         Ok(summary)
-    }
-}
-
-impl InboxSummary {
-    fn count(&mut self, r: crate::producer::Renewal) {
-        match r {
-            crate::producer::Renewal::Unknown => self.ignored += 1,
-            _ => self.renewed += 1,
-        }
     }
 }
