@@ -307,7 +307,8 @@ fn p_reclaims_the_leases_of_a_killed_d_process() {
     stdin.flush().unwrap();
 
     // P's engine loop while the child lives on, well past the initial lease.
-    let alive_until = initial + 2 * interval;
+    // Half an interval off the heartbeat phase, so the kill does not race one.
+    let alive_until = initial + 2 * interval + interval / 2;
     while clock.now() < alive_until {
         p.step_on(&mut pf, clock.now());
         assert_eq!(p.released, Vec::new(), "P released a heartbeated lease");
