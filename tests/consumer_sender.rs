@@ -613,3 +613,27 @@ fn hostile_fabrics_and_engines_never_panic() {
         assert!(c.engines_due > 0);
     }
 }
+
+#[test]
+fn port_per_rank_address_is_the_rank_listener() {
+    use kvlease::consumer::PortPerRankAddress;
+    let key = EngineKey {
+        engine_id: "prefill-0",
+        host: "10.0.0.7",
+        port: 5600,
+        tp_size: 4,
+    };
+    let mut out = String::new();
+    PortPerRankAddress.write_address(&key, 3, &mut out).unwrap();
+    assert_eq!(out, "10.0.0.7:5603");
+    // The last port plus a rank does not wrap: it is an address the fabric refuses.
+    let high = EngineKey {
+        port: u16::MAX,
+        ..key
+    };
+    out.clear();
+    PortPerRankAddress
+        .write_address(&high, 1, &mut out)
+        .unwrap();
+    assert_eq!(out, "10.0.0.7:65536");
+}

@@ -29,8 +29,8 @@ mod tracker;
 mod verifier;
 
 pub use sender::{
-    DefaultPeerAddress, HeartbeatSender, PeerAddress, PeerStatus, SenderConfig, SenderCounters,
-    SenderError, StepError, StepReport, MAX_MESSAGE_LEN,
+    DefaultPeerAddress, HeartbeatSender, PeerAddress, PeerStatus, PortPerRankAddress, SenderConfig,
+    SenderCounters, SenderError, StepError, StepReport, MAX_MESSAGE_LEN,
 };
 pub use tracker::{
     EngineBatch, EngineHandle, EngineKey, HeartbeatTracker, ParamProblem, RemotePrefillParams,

@@ -55,9 +55,20 @@
 //! engine supplies the formatting as a [`PeerAddress`] (any
 //! `Fn(&EngineKey, u32, &mut dyn fmt::Write) -> fmt::Result` is one), which
 //! writes into a buffer preallocated at construction. The default,
-//! [`DefaultPeerAddress`], writes `{host}:{port}/{engine_id}/{rank}`; the
+//! [`DefaultPeerAddress`], writes `{host}:{port}/{engine_id}/{rank}`;
+//! [`PortPerRankAddress`] writes `{host}:{port + rank}`, the `ip:port` of a
+//! rank's handshake listener that the NIXL fabric takes; the
 //! loopback fabric names agents however its test wires them, so tests pass
 //! their own closure.
+//!
+//! # Progress
+//!
+//! The sender only sends. With the NIXL fabric in engine-loop progress mode
+//! (its default) a message leaves only while the fabric is called, so the D
+//! worker must drive its fabric every step, as P does: drain its
+//! notifications (`fabric_mut().drain_notifications(..)`) once per step. A D
+//! that sends heartbeats and never polls gets its first heartbeat out and no
+//! more (seen in `benches/fabric.rs`).
 //!
 //! # Fixed capacity
 //!
@@ -108,7 +119,10 @@ where
     }
 }
 
-/// `{host}:{port}/{engine_id}/{rank}`, e.g. `10.0.0.7:5600/prefill-0/3`.
+/// `{host}:{port}/{engine_id}/{rank}`, e.g. `10.0.0.7:5600/prefill-0/3`:
+/// names every (engine, rank) distinctly, for fabrics that resolve names
+/// (the loopback fabric and the tests). The NIXL fabric wants the `ip:port`
+/// of the rank's handshake listener: use [`PortPerRankAddress`] there.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultPeerAddress;
 
@@ -124,6 +138,25 @@ impl PeerAddress for DefaultPeerAddress {
             "{}:{}/{}/{}",
             engine.host, engine.port, engine.engine_id, rank
         )
+    }
+}
+
+/// `{host}:{port + rank}`, e.g. `10.0.0.7:5603` for rank 3 of an engine whose
+/// `remote_port` is 5600: one handshake listener per P rank on consecutive
+/// ports, the `ip:port` form [`crate::fabric::nixl::NixlFabric`] takes. An
+/// engine that lays out its listeners otherwise supplies its own
+/// [`PeerAddress`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PortPerRankAddress;
+
+impl PeerAddress for PortPerRankAddress {
+    fn write_address(
+        &self,
+        engine: &EngineKey<'_>,
+        rank: u32,
+        out: &mut dyn fmt::Write,
+    ) -> fmt::Result {
+        write!(out, "{}:{}", engine.host, u32::from(engine.port) + rank)
     }
 }
 
