@@ -41,48 +41,15 @@ use criterion::{
 use kvlease::wire::{self, CompactEntry};
 use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig, Nonce, Renewal};
 
+mod common;
+use common::{map_poll, permutation, request_id, Rng};
+
 const SIZES: [u32; 4] = [1_000, 10_000, 100_000, 1_000_000];
 /// One engine step.
 const STEP: Duration = Duration::from_millis(20);
 const IDS_PER_MSG: usize = 256;
 const MSGS_PER_STEP: usize = 8;
 const T0: Instant = Instant::from_secs(1_000);
-
-/// xorshift64*: deterministic, dependency-free.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next()) * u128::from(n)) >> 64) as u64
-    }
-}
-
-fn permutation(n: u32, rng: &mut Rng) -> Vec<u32> {
-    let mut v: Vec<u32> = (0..n).collect();
-    for i in (1..v.len()).rev() {
-        let j = rng.below(i as u64 + 1) as usize;
-        v.swap(i, j);
-    }
-    v
-}
-
-/// The baseline's expiry: scan every entry, remove the expired ones.
-fn map_poll(map: &mut HashMap<String, Instant>, now: Instant) -> u64 {
-    let mut expired = 0;
-    map.retain(|_, t| {
-        let keep = *t > now;
-        expired += u64::from(!keep);
-        keep
-    });
-    expired
-}
 
 /// The heartbeat stream, identical for every variant.
 struct Messages {
@@ -175,9 +142,7 @@ impl Fixture {
         cfg.lease_capacity = n;
         cfg.lease_slots = n;
         cfg.validate().expect("valid config");
-        let ids: Vec<String> = (0..n)
-            .map(|_| format!("cmpl-{:016x}{:016x}-0", rng.next(), rng.next()))
-            .collect();
+        let ids: Vec<String> = (0..n).map(|_| request_id(&mut rng)).collect();
         let mut book = LeaseBook::new(&cfg, T0);
         let mut map = HashMap::with_capacity(n as usize);
         let mut lease_fields = Vec::with_capacity(n as usize);

@@ -41,6 +41,9 @@ use criterion::{
 use kvlease::wheel::TimerWheel;
 use kvlease::Instant;
 
+mod common;
+use common::{map_poll, permutation, request_id, Rng};
+
 const SIZES: [u32; 4] = [1_000, 10_000, 100_000, 1_000_000];
 const TICK: Duration = Duration::from_millis(10);
 /// One engine step.
@@ -53,55 +56,14 @@ const KS: [u32; 2] = [1, 64];
 const K_MAX: u32 = 64;
 const T0: Instant = Instant::from_secs(1_000);
 /// Steps of the quiet window used by `poll_idle`: 470 * 20 ms = 9.4 s, before
-/// the first level-1 slot holding a >= 10 s deadline (9.6 s) comes due.
+/// the earliest deadline (10 s) comes due.
 const QUIET_STEPS: u32 = 470;
 /// Steady state renews every entry once per this many steps at most (8 s).
 const RENEW_CYCLE_STEPS: u32 = 400;
 
-/// xorshift64*: deterministic, dependency-free.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next()) * u128::from(n)) >> 64) as u64
-    }
-}
-
-/// A vLLM-style request id, `cmpl-<32 hex>-0` (39 bytes).
-fn request_id(rng: &mut Rng) -> String {
-    format!("cmpl-{:016x}{:016x}-0", rng.next(), rng.next())
-}
-
 /// A deadline uniformly in `now + 10 s .. now + 60 s`.
 fn spread_deadline(rng: &mut Rng, now: Instant) -> Instant {
     now + Duration::from_secs(10) + Duration::from_nanos(rng.below(50_000_000_000))
-}
-
-fn permutation(n: u32, rng: &mut Rng) -> Vec<u32> {
-    let mut v: Vec<u32> = (0..n).collect();
-    for i in (1..v.len()).rev() {
-        let j = rng.below(i as u64 + 1) as usize;
-        v.swap(i, j);
-    }
-    v
-}
-
-/// The baseline's poll: scan every entry, remove the expired ones.
-fn map_poll(map: &mut HashMap<String, Instant>, now: Instant) -> u32 {
-    let mut expired = 0;
-    map.retain(|_, t| {
-        let keep = *t > now;
-        expired += u32::from(!keep);
-        keep
-    });
-    expired
 }
 
 struct WheelSide {
@@ -279,7 +241,7 @@ fn bench_poll_idle(c: &mut Criterion, f: &mut Fixture) {
             let now = nows[i];
             i = if i + 1 == nows.len() { 0 } else { i + 1 };
             let r = map_poll(map, black_box(now));
-            fired += u64::from(r);
+            fired += r;
             r
         })
     });
