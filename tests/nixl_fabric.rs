@@ -20,10 +20,13 @@
 //! Waits are poll loops with deadlines of seconds; nothing sleeps for a fixed
 //! time and then asserts.
 
+#[path = "support/nixl_gate.rs"]
+mod nixl_gate;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use kvlease::fabric::nixl::{
@@ -34,6 +37,7 @@ use kvlease::fabric::{
     AgentId, Fabric, FabricError, HandshakeState, PeerInfo, ReadDesc, RegionId, XferId, XferState,
 };
 use kvlease::{EngineShape, LeaseBook, LeaseConfig, LeaseSlots, MonotonicClock};
+use nixl_gate::{nixl_or_skip, say};
 
 /// Environment switch: this test binary runs as the two-process test's peer.
 const CHILD_ENV: &str = "KVLEASE_NIXL_CHILD";
@@ -55,8 +59,6 @@ fn child_word(seed: u64, i: u64) -> u64 {
 /// Generous bound for every wait.
 const WAIT: Duration = Duration::from_secs(10);
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
 // Counts heap allocations made by the current thread (only Rust's
 // allocator: NIXL's C++ side is not seen).
 #[path = "support/counting_alloc.rs"]
@@ -69,29 +71,6 @@ static ALLOC: counting_alloc::CountingAlloc = counting_alloc::CountingAlloc;
 fn allocations<T>(f: impl FnOnce() -> T) -> (T, u64) {
     let (v, counts) = counting_alloc::count_allocs(f);
     (v, counts.allocs)
-}
-
-/// Writes straight to the process's stderr, past libtest's output capture.
-fn say(msg: &str) {
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "{msg}");
-}
-
-/// Serializes the tests and decides whether they can run: `None` means
-/// skip (the runtime is absent and not required).
-fn nixl_or_skip() -> Option<MutexGuard<'static, ()>> {
-    let guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    if runtime_available() {
-        return Some(guard);
-    }
-    if std::env::var("KVLEASE_REQUIRE_NIXL").as_deref() == Ok("1") {
-        panic!(
-            "NIXL runtime not found (libnixl_capi.so not loadable) and KVLEASE_REQUIRE_NIXL=1: \
-             run .ci/nixl-runtime.sh and export the LD_LIBRARY_PATH it prints"
-        );
-    }
-    say("SKIPPED: NIXL runtime not found (run .ci/nixl-runtime.sh)");
-    None
 }
 
 fn unique_name(role: &str) -> String {

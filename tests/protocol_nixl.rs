@@ -22,43 +22,23 @@
 
 mod protocol;
 
+#[path = "support/nixl_gate.rs"]
+mod nixl_gate;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{mpsc, Mutex, MutexGuard};
+use std::sync::mpsc;
 use std::time::Duration;
 
-use kvlease::fabric::nixl::{runtime_available, NixlConfig, NixlFabric};
+use kvlease::fabric::nixl::{NixlConfig, NixlFabric};
 use kvlease::{Instant, MonotonicClock, Nonce, ReleaseReason};
+use nixl_gate::{nixl_or_skip, say};
 
 use protocol::{DSender, Decode, Pair, Prefill};
 
 /// Scheduling slack of real time.
 const SLACK: Duration = Duration::from_secs(2);
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Writes straight to the process's stderr, past libtest's output capture.
-fn say(msg: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "{msg}");
-}
-
-/// Serializes the tests and decides whether they can run: `None` means skip
-/// (the runtime is absent and not required).
-fn nixl_or_skip() -> Option<MutexGuard<'static, ()>> {
-    let guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    if runtime_available() {
-        return Some(guard);
-    }
-    if std::env::var("KVLEASE_REQUIRE_NIXL").as_deref() == Ok("1") {
-        panic!(
-            "NIXL runtime not found (libnixl_capi.so not loadable) and KVLEASE_REQUIRE_NIXL=1: \
-             run .ci/nixl-runtime.sh and export the LD_LIBRARY_PATH it prints"
-        );
-    }
-    say("SKIPPED: NIXL runtime not found (run .ci/nixl-runtime.sh)");
-    None
-}
 
 fn fabric(role: &str, clock: MonotonicClock) -> NixlFabric {
     static N: AtomicU32 = AtomicU32::new(0);
