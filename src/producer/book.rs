@@ -436,7 +436,7 @@ impl LeaseBook {
     }
 
     /// Renews every id of a heartbeat, as [`LeaseBook::renew`] would one by
-    /// one, and adds the outcomes to `renewed` / `ignored`.
+    /// one; returns (renewed, ignored). Capped renewals count as renewed.
     ///
     /// Ids are taken in batches of 64: first every id is hashed and its
     /// index cell, id bytes and wheel entry are loaded, then the batch is
