@@ -50,7 +50,7 @@
 //! for msg in [&b"HB:req-1"[..]] {            // notifications drained from the fabric
 //!     let _ = book.on_notification(0, msg, now); // errors are counted and returned for logging
 //! }
-//! book.poll(now);                             // expire what is due: O(levels + expired)
+//! book.poll(now);                             // expire what is due: O(levels + expired + re-placed)
 //! book.drain_released(|released| {
 //!     // finished_sending: free the blocks of released.request_id, then
 //!     // give released.slot back (book.blocks_freed or the pool, any thread).

@@ -634,7 +634,9 @@ impl LeaseBook {
     }
 
     /// Expires every lease whose expiry is at or before `now`. Call once per
-    /// step. Costs O(levels + expired), whatever the number of leases held.
+    /// step. Costs O(levels + expired + re-placed), whatever the number of
+    /// leases held: a renewed lease is placed again once, when its old
+    /// deadline comes up (see `wheel`).
     pub fn poll(&mut self, now: Instant) {
         // The wheel never fires early (its model test pins that), so every
         // entry it hands out is due.
