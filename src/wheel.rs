@@ -78,10 +78,8 @@ const NIL: u32 = u32::MAX;
 enum Loc {
     /// Not scheduled.
     Idle,
-    /// In near slot `slot`.
-    Near(u32),
-    /// In slot `slot` of far level `level`.
-    Far { level: u8, slot: u8 },
+    /// In that slot's list.
+    In(Slot),
     /// Taken from a due slot, waiting in `pending`.
     Pending,
 }
@@ -408,31 +406,14 @@ impl TimerWheel {
                 slot: ((when / self.far_width(j)) & (FAR_SLOTS as u64 - 1)) as u8,
             }
         };
-        let head = match slot {
-            Slot::Near(s) => {
-                let h = self.near.heads[s as usize];
-                self.near.heads[s as usize] = idx;
-                self.near.set(s as usize);
-                h
-            }
-            Slot::Far { level, slot } => {
-                let f = &mut self.far[level as usize];
-                let h = f.heads[slot as usize];
-                f.heads[slot as usize] = idx;
-                f.occupied |= 1 << slot;
-                h
-            }
-        };
+        let head = self.swap_head(slot, idx);
         if head != NIL {
             self.entries[head as usize].prev = idx;
         }
         let e = &mut self.entries[idx as usize];
         e.next = head;
         e.prev = NIL;
-        e.loc = match slot {
-            Slot::Near(s) => Loc::Near(s),
-            Slot::Far { level, slot } => Loc::Far { level, slot },
-        };
+        e.loc = Loc::In(slot);
     }
 
     /// Removes an entry from whatever list it is on (it stays counted).
@@ -444,18 +425,8 @@ impl TimerWheel {
             self.entries[prev as usize].next = next;
         } else {
             match loc {
-                Loc::Near(s) => {
-                    self.near.heads[s as usize] = next;
-                    if next == NIL {
-                        self.near.clear(s as usize);
-                    }
-                }
-                Loc::Far { level, slot } => {
-                    let f = &mut self.far[level as usize];
-                    f.heads[slot as usize] = next;
-                    if next == NIL {
-                        f.occupied &= !(1 << slot);
-                    }
+                Loc::In(slot) => {
+                    self.swap_head(slot, next);
                 }
                 Loc::Pending => self.pending = next,
                 Loc::Idle => debug_assert!(false, "unlink of idle entry {idx}"),
@@ -470,24 +441,36 @@ impl TimerWheel {
         e.loc = Loc::Idle;
     }
 
-    /// Moves a whole slot's list onto `pending` (which is empty).
-    fn take(&mut self, slot: Slot) {
-        debug_assert_eq!(self.pending, NIL);
-        let head = match slot {
+    /// Makes `head` the first entry of `slot`'s list (NIL: the list is now
+    /// empty) and keeps the occupancy bitmaps in step; returns the old head.
+    fn swap_head(&mut self, slot: Slot, head: u32) -> u32 {
+        match slot {
             Slot::Near(s) => {
-                let h = self.near.heads[s as usize];
-                self.near.heads[s as usize] = NIL;
-                self.near.clear(s as usize);
-                h
+                let old = core::mem::replace(&mut self.near.heads[s as usize], head);
+                if head == NIL {
+                    self.near.clear(s as usize);
+                } else {
+                    self.near.set(s as usize);
+                }
+                old
             }
             Slot::Far { level, slot } => {
                 let f = &mut self.far[level as usize];
-                let h = f.heads[slot as usize];
-                f.heads[slot as usize] = NIL;
-                f.occupied &= !(1 << slot);
-                h
+                let old = core::mem::replace(&mut f.heads[slot as usize], head);
+                if head == NIL {
+                    f.occupied &= !(1 << slot);
+                } else {
+                    f.occupied |= 1 << slot;
+                }
+                old
             }
-        };
+        }
+    }
+
+    /// Moves a whole slot's list onto `pending` (which is empty).
+    fn take(&mut self, slot: Slot) {
+        debug_assert_eq!(self.pending, NIL);
+        let head = self.swap_head(slot, NIL);
         self.pending = head;
         let mut i = head;
         while i != NIL {
