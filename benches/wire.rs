@@ -13,19 +13,10 @@ use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Thro
 use kvlease::wire::{self, CompactEntry, Notification};
 use kvlease::Nonce;
 
-const ENTRIES: usize = 256;
+mod common;
+use common::Rng;
 
-/// splitmix64, so the inputs are the same on every run.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
+const ENTRIES: usize = 256;
 
 /// `cmpl-xxxxxxxx-xxxx-4xxx-yxxx-xxxxxxxxxxxx-0`, like vLLM's request ids.
 fn vllm_ids(rng: &mut Rng) -> Vec<String> {
