@@ -81,10 +81,13 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_op_in_unsafe_fn)]
 
+mod collections;
 pub mod config;
 pub mod consumer;
 pub mod fabric;
 pub mod ids;
+pub mod ipc;
+pub mod lease_fields;
 mod sync;
 pub mod time;
 pub mod topology;
@@ -102,6 +105,7 @@ pub mod slots;
 pub mod testkit;
 pub mod wire;
 
+pub use lease_fields::LeaseFields;
 pub use nonce::{Nonce, NonceSource};
 pub use producer::{BookCounters, Grant, GrantError, LeaseBook, ReleaseReason, Released, Renewal};
 pub use slot_pool::{SlotPool, SlotTicket};

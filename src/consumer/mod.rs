@@ -22,7 +22,6 @@
 //! Both halves are fixed-capacity and allocation-free after construction
 //! (`tests/consumer_alloc.rs` proves it with a counting allocator).
 
-mod dense_set;
 mod id_arena;
 mod sender;
 mod tracker;

@@ -81,8 +81,8 @@
 use core::fmt;
 use core::time::Duration;
 
-use super::dense_set::DenseSet;
 use super::tracker::{EngineBatch, EngineHandle, EngineKey, HeartbeatTracker};
+use crate::collections::DenseSet;
 use crate::config::LeaseConfig;
 use crate::fabric::{AgentId, Fabric, FabricError, HandshakeState};
 use crate::time::Instant;

@@ -87,8 +87,8 @@
 use core::fmt;
 use core::time::Duration;
 
-use super::dense_set::DenseSet;
 use super::id_arena::IdArena;
+use crate::collections::{DenseSet, FreeStack};
 use crate::config::LeaseConfig;
 use crate::ids::IdTable;
 use crate::nonce::Nonce;
@@ -339,41 +339,6 @@ struct Engine {
     generation: u32,
     pp_size: u32,
     dcp_size: u32,
-}
-
-/// A fixed-capacity stack of free indices.
-#[derive(Debug)]
-struct FreeStack {
-    items: Box<[u32]>,
-    len: u32,
-}
-
-impl FreeStack {
-    /// All of `0..n` free, handed out lowest first.
-    fn full(n: u32) -> FreeStack {
-        FreeStack {
-            items: (0..n).rev().collect(),
-            len: n,
-        }
-    }
-
-    fn pop(&mut self) -> Option<u32> {
-        self.len = self.len.checked_sub(1)?;
-        self.items.get(self.len as usize).copied()
-    }
-
-    fn push(&mut self, i: u32) {
-        // Every index is pushed only after being popped, so there is room.
-        debug_assert!((self.len as usize) < self.items.len());
-        if let Some(cell) = self.items.get_mut(self.len as usize) {
-            *cell = i;
-            self.len += 1;
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 /// D's scheduler-side heartbeat bookkeeping. See the module docs.
@@ -1171,7 +1136,7 @@ mod tests {
                 assert_eq!(b.positions().count(), b.len());
                 assert_eq!(b.remotes().count(), b.len());
             }
-            let used_chunks = t.free_chunks.items.len() - t.free_chunks.len as usize;
+            let used_chunks = (t.free_chunks.capacity() - t.free_chunks.len()) as usize;
             let want: usize = t.engines().map(|b| b.len().div_ceil(CHUNK)).sum();
             assert_eq!(used_chunks, want);
             // Ids move with their members: every request still finds its own.

@@ -2,8 +2,9 @@
 //! remove and membership, iterated densely.
 //!
 //! This module owns only the set's two arrays. The tracker keeps its live
-//! engines in one (so a step visits live engines, not every engine slot), and
-//! the sender keeps the engines it owes a deferred heartbeat in another.
+//! engines in one (so a step visits live engines, not every engine slot), the
+//! sender keeps the engines it owes a deferred heartbeat in another, and the
+//! P scheduler the leases with directives waiting for this step's message.
 //! Removal swaps the last member into the hole, so iteration order is not
 //! insertion order; nobody relies on it.
 
@@ -59,7 +60,6 @@ impl DenseSet {
     }
 
     /// Whether `i` is present.
-    #[cfg(test)]
     pub(crate) fn contains(&self, i: u32) -> bool {
         matches!(self.pos.get(i as usize), Some(&p) if p != ABSENT)
     }

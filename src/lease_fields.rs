@@ -1,0 +1,45 @@
+//! [`LeaseFields`]: the pair `(remote_lease_slot, remote_lease_nonce)` that
+//! travels in `kv_transfer_params` from P to D.
+//!
+//! One type for the three places that handle the pair: P's grant exports it,
+//! D's tracker carries it into compact heartbeats, and D's verifier checks it
+//! after the READ. A request without the pair (a router dropped it, or P had
+//! no free slot) has `Option<LeaseFields>::None`, and a verifying decoder
+//! declines its KV.
+
+use crate::nonce::Nonce;
+
+/// A lease's slot on P and the nonce P wrote into it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseFields {
+    /// `remote_lease_slot`: the index into every P rank's slot array.
+    pub slot: u32,
+    /// `remote_lease_nonce`: the value the slot holds while P holds the blocks.
+    pub nonce: Nonce,
+}
+
+impl LeaseFields {
+    /// The pair from `kv_transfer_params` as vLLM carries it (integers, either
+    /// possibly absent); `None` when either is absent or the nonce is 0,
+    /// which no lease ever has.
+    pub fn from_params(slot: Option<u32>, nonce: Option<u64>) -> Option<LeaseFields> {
+        Some(LeaseFields {
+            slot: slot?,
+            nonce: Nonce::new(nonce?)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_params_needs_both_and_a_nonzero_nonce() {
+        let f = LeaseFields::from_params(Some(3), Some(9)).unwrap();
+        assert_eq!((f.slot, f.nonce.get()), (3, 9));
+        assert_eq!(LeaseFields::from_params(None, Some(9)), None);
+        assert_eq!(LeaseFields::from_params(Some(3), None), None);
+        assert_eq!(LeaseFields::from_params(Some(3), Some(0)), None);
+    }
+}
