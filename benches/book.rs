@@ -181,8 +181,13 @@ impl Fixture {
                 spans.push((at, at + id.len() as u32));
                 at += id.len() as u32 + 1;
             }
-            let pairs: Vec<(u32, Nonce)> =
-                entries.iter().map(|&e| lease_fields[e as usize]).collect();
+            let pairs: Vec<(u32, Nonce)> = entries
+                .iter()
+                .map(|&e| {
+                    let f = lease_fields[e as usize];
+                    (f.slot, f.nonce)
+                })
+                .collect();
             let mut compact = Vec::new();
             let stats = wire::encode_compact_heartbeats(
                 pairs

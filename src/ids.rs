@@ -7,13 +7,28 @@
 //! `0..capacity` and keep their own state per entry; this table keeps entry
 //! `e`'s id and finds `e` again from the id.
 //!
+//! The index alone is [`IdIndex`]: a structure that keeps its ids somewhere
+//! better for its hot path (the P rank keeps each id in the same cache line
+//! as the lease's expiry and nonce) uses it directly and answers "is entry
+//! `e`'s id this one?" with a closure.
+//!
 //! # Layout
 //!
 //! ```text
-//!  arena: [u8; capacity * max_len]   entry e's id at e*max_len, len[e] bytes
-//!  len:   [u16; capacity]            0 = entry holds no id
-//!  cells: [u64; 2^k >= 2*capacity]   open addressing, linear probing
-//!         EMPTY, or (hash >> 32) << 32 | entry
+//!  IdIndex
+//!   cells: [u64; 2^k >= 2*capacity]   open addressing, linear probing
+//!          EMPTY, or a packed cell:
+//!
+//!          63                32 31                 0
+//!          +-------------------+--------------------+
+//!          | tag = hash >> 32  |       entry        |
+//!          +-------------------+--------------------+
+//!
+//!          the tag rejects almost every wrong candidate without touching
+//!          its id bytes (one cache miss saved per probe)
+//!  IdTable = IdIndex +
+//!   arena: [u8; capacity * max_len]   entry e's id at e*max_len, len[e] bytes
+//!   len:   [u16; capacity]            0 = entry holds no id
 //! ```
 //!
 //! Everything is allocated at construction; no operation allocates. The load
@@ -58,15 +73,123 @@ impl core::fmt::Display for IdError {
 
 impl std::error::Error for IdError {}
 
+/// The id -> entry index without id storage. See the module docs.
+///
+/// The caller owns the ids: lookups and deletions ask it, through a closure,
+/// whether entry `e` holds a given id or what `e`'s id hashes to.
+#[derive(Debug)]
+pub(crate) struct IdIndex {
+    cells: Box<[u64]>,
+    mask: usize,
+    key: u64,
+}
+
+impl IdIndex {
+    /// Room for `capacity` entries at a load factor of at most 1/2, hashing
+    /// with `key`.
+    pub(crate) fn new(capacity: u32, key: u64) -> IdIndex {
+        let cells = (capacity as usize * 2).max(2).next_power_of_two();
+        IdIndex {
+            cells: vec![EMPTY; cells].into_boxed_slice(),
+            mask: cells - 1,
+            key,
+        }
+    }
+
+    /// The index's keyed hash of an id.
+    #[inline]
+    pub(crate) fn hash(&self, id: &[u8]) -> u64 {
+        keyed_hash(self.key, id)
+    }
+
+    /// The entry whose id hashes to `h` and for which `is_it` says yes.
+    /// `is_it` is asked only for entries whose tag matches.
+    #[inline]
+    pub(crate) fn find(&self, h: u64, mut is_it: impl FnMut(u32) -> bool) -> Option<u32> {
+        let mut i = (h as usize) & self.mask;
+        loop {
+            let c = self.cells[i];
+            if c == EMPTY {
+                return None;
+            }
+            if tag(c) == tag_of(h) && is_it(cell_entry(c)) {
+                return Some(cell_entry(c));
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Loads the home cell of `h`, so that a batch of lookups has its cache
+    /// misses in flight together; returns the candidate entry when the
+    /// home cell's tag matches, for the caller to warm its own data.
+    #[inline]
+    pub(crate) fn warm(&self, h: u64) -> Option<u32> {
+        let c = core::hint::black_box(self.cells[(h as usize) & self.mask]);
+        (c != EMPTY && tag(c) == tag_of(h)).then_some(cell_entry(c))
+    }
+
+    /// Indexes `entry` under hash `h`. The caller has checked (with
+    /// [`IdIndex::find`]) that the id is not indexed yet. The load factor
+    /// bound means an empty cell always exists.
+    pub(crate) fn insert(&mut self, h: u64, entry: u32) {
+        let mut i = (h as usize) & self.mask;
+        while self.cells[i] != EMPTY {
+            i = (i + 1) & self.mask;
+        }
+        self.cells[i] = (tag_of(h) << 32) | u64::from(entry);
+    }
+
+    /// Removes `entry`, indexed under hash `h`; `hash_of(e)` must give the
+    /// hash of any other indexed entry's id (the backward shift moves later
+    /// members of the cluster by their home cell). Returns whether it was
+    /// indexed.
+    pub(crate) fn remove(
+        &mut self,
+        h: u64,
+        entry: u32,
+        mut hash_of: impl FnMut(u32) -> u64,
+    ) -> bool {
+        let mut i = (h as usize) & self.mask;
+        loop {
+            let c = self.cells[i];
+            if c == EMPTY {
+                return false;
+            }
+            if cell_entry(c) == entry {
+                break;
+            }
+            i = (i + 1) & self.mask;
+        }
+        // Backward-shift deletion (no tombstones): move later members of the
+        // cluster into the hole when their home is not inside (hole, current].
+        let mut hole = i;
+        let mut j = (i + 1) & self.mask;
+        loop {
+            let c = self.cells[j];
+            if c == EMPTY {
+                break;
+            }
+            let home = (hash_of(cell_entry(c)) as usize) & self.mask;
+            let dist_home = j.wrapping_sub(home) & self.mask;
+            let dist_hole = j.wrapping_sub(hole) & self.mask;
+            if dist_home >= dist_hole {
+                self.cells[hole] = c;
+                hole = j;
+            }
+            j = (j + 1) & self.mask;
+        }
+        self.cells[hole] = EMPTY;
+        true
+    }
+}
+
 /// Fixed-capacity id storage plus id -> entry index. See the module docs.
 #[derive(Debug)]
 pub struct IdTable {
     arena: Box<[u8]>,
     len: Box<[u16]>,
-    cells: Box<[u64]>,
-    mask: usize,
+    index: IdIndex,
     max_len: usize,
-    key: u64,
 }
 
 impl IdTable {
@@ -80,14 +203,11 @@ impl IdTable {
     pub fn with_key(capacity: u32, max_len: u16, key: u64) -> IdTable {
         let cap = capacity as usize;
         let max_len = usize::from(max_len);
-        let cells = (cap * 2).max(2).next_power_of_two();
         IdTable {
             arena: vec![0; cap * max_len].into_boxed_slice(),
             len: vec![0; cap].into_boxed_slice(),
-            cells: vec![EMPTY; cells].into_boxed_slice(),
-            mask: cells - 1,
+            index: IdIndex::new(capacity, key),
             max_len,
-            key,
         }
     }
 
@@ -117,22 +237,14 @@ impl IdTable {
         if e >= self.len.len() || self.len[e] != 0 {
             return Err(IdError::BadEntry);
         }
-        let h = self.hash(id);
-        let mut i = (h as usize) & self.mask;
-        loop {
-            let c = self.cells[i];
-            if c == EMPTY {
-                break;
-            }
-            if tag(c) == tag_of(h) && self.id(cell_entry(c)) == id {
-                return Err(IdError::Duplicate);
-            }
-            i = (i + 1) & self.mask;
+        let h = self.index.hash(id);
+        if self.get_hashed(id, h).is_some() {
+            return Err(IdError::Duplicate);
         }
         self.arena[e * self.max_len..e * self.max_len + id.len()].copy_from_slice(id);
         // check() bounded id.len() by max_len <= u16::MAX.
         self.len[e] = id.len() as u16;
-        self.cells[i] = (tag_of(h) << 32) | u64::from(entry);
+        self.index.insert(h, entry);
         Ok(())
     }
 
@@ -142,14 +254,14 @@ impl IdTable {
         if id.is_empty() || id.len() > self.max_len {
             return None;
         }
-        self.get_hashed(id, self.hash(id))
+        self.get_hashed(id, self.index.hash(id))
     }
 
     /// The table's hash of `id` (for [`IdTable::get_hashed`] and
     /// [`IdTable::warm`]).
     #[inline]
     pub fn hash_id(&self, id: &[u8]) -> u64 {
-        self.hash(id)
+        self.index.hash(id)
     }
 
     /// Loads what a lookup of hash `h` will need first (its home cell and,
@@ -158,11 +270,7 @@ impl IdTable {
     /// the candidate entry, for the caller to warm its own per-entry data.
     #[inline]
     pub fn warm(&self, h: u64) -> Option<u32> {
-        let c = core::hint::black_box(self.cells[(h as usize) & self.mask]);
-        if c == EMPTY || tag(c) != tag_of(h) {
-            return None;
-        }
-        let e = cell_entry(c);
+        let e = self.index.warm(h)?;
         if let Some(b) = self.arena.get(e as usize * self.max_len) {
             core::hint::black_box(*b);
         }
@@ -172,21 +280,11 @@ impl IdTable {
     /// As [`IdTable::get`], with the hash already computed by [`IdTable::hash_id`].
     #[inline]
     pub fn get_hashed(&self, id: &[u8], h: u64) -> Option<u32> {
-        debug_assert_eq!(h, self.hash(id));
+        debug_assert_eq!(h, self.index.hash(id));
         if id.is_empty() || id.len() > self.max_len {
             return None;
         }
-        let mut i = (h as usize) & self.mask;
-        loop {
-            let c = self.cells[i];
-            if c == EMPTY {
-                return None;
-            }
-            if tag(c) == tag_of(h) && self.id(cell_entry(c)) == id {
-                return Some(cell_entry(c));
-            }
-            i = (i + 1) & self.mask;
-        }
+        self.index.find(h, |e| self.id(e) == id)
     }
 
     /// Entry `entry`'s id; empty when the entry holds none.
@@ -216,38 +314,15 @@ impl IdTable {
         if id.is_empty() {
             return false;
         }
-        let h = self.hash(id);
-        let mut i = (h as usize) & self.mask;
-        loop {
-            let c = self.cells[i];
-            if c == EMPTY {
-                return false;
-            }
-            if cell_entry(c) == entry {
-                break;
-            }
-            i = (i + 1) & self.mask;
-        }
-        // Backward-shift deletion: move later members of the cluster into the
-        // hole when their home slot is not inside (hole, current].
-        let mut hole = i;
-        let mut j = (i + 1) & self.mask;
-        loop {
-            let c = self.cells[j];
-            if c == EMPTY {
-                break;
-            }
-            let home = (self.hash(self.id(cell_entry(c))) as usize) & self.mask;
-            let dist_home = j.wrapping_sub(home) & self.mask;
-            let dist_hole = j.wrapping_sub(hole) & self.mask;
-            if dist_home >= dist_hole {
-                self.cells[hole] = c;
-                hole = j;
-            }
-            j = (j + 1) & self.mask;
-        }
-        self.cells[hole] = EMPTY;
-        true
+        let h = self.index.hash(id);
+        let (arena, len, max_len) = (&self.arena, &self.len, self.max_len);
+        let key = self.index.key;
+        let id_of = |e: u32| {
+            let n = len.get(e as usize).map_or(0, |&n| usize::from(n));
+            let start = e as usize * max_len;
+            arena.get(start..start + n).unwrap_or(&[])
+        };
+        self.index.remove(h, entry, |e| keyed_hash(key, id_of(e)))
     }
 
     /// Forgets `entry`'s id bytes (after [`IdTable::unindex`]); the entry may
@@ -257,29 +332,29 @@ impl IdTable {
             *n = 0;
         }
     }
+}
 
-    /// Keyed 64-bit hash of an id: 8 bytes a round, multiply-xorshift mixing.
-    #[inline]
-    fn hash(&self, id: &[u8]) -> u64 {
-        const M: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut h = self.key ^ (id.len() as u64).wrapping_mul(M);
-        let mut chunks = id.chunks_exact(8);
-        for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            h = (h ^ u64::from_le_bytes(w)).wrapping_mul(M);
-            h ^= h >> 29;
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut w = [0u8; 8];
-            w[..rest.len()].copy_from_slice(rest);
-            h = (h ^ u64::from_le_bytes(w)).wrapping_mul(M);
-        }
-        h ^= h >> 32;
-        h = h.wrapping_mul(0xd6e8_feb8_6659_fd93);
-        h ^ (h >> 32)
+/// Keyed 64-bit hash of an id: 8 bytes a round, multiply-xorshift mixing.
+#[inline]
+fn keyed_hash(key: u64, id: &[u8]) -> u64 {
+    const M: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut h = key ^ (id.len() as u64).wrapping_mul(M);
+    let mut chunks = id.chunks_exact(8);
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        h = (h ^ u64::from_le_bytes(w)).wrapping_mul(M);
+        h ^= h >> 29;
     }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut w = [0u8; 8];
+        w[..rest.len()].copy_from_slice(rest);
+        h = (h ^ u64::from_le_bytes(w)).wrapping_mul(M);
+    }
+    h ^= h >> 32;
+    h = h.wrapping_mul(0xd6e8_feb8_6659_fd93);
+    h ^ (h >> 32)
 }
 
 #[inline]

@@ -40,9 +40,10 @@
 //!
 //! // Prefill of "req-1" finished: lease its blocks, export slot and nonce.
 //! let grant = book.grant("req-1", clock.now())?;
-//! if let Some((slot, nonce)) = grant.lease_fields() {
-//!     // kv_transfer_params: remote_lease_slot = slot, remote_lease_nonce = nonce
-//!     # let _ = (slot, nonce);
+//! if let Some(fields) = grant.lease_fields() {
+//!     // kv_transfer_params: remote_lease_slot = fields.slot,
+//!     //                     remote_lease_nonce = fields.nonce
+//!     # let _ = fields;
 //! }
 //!
 //! // Each engine step:
@@ -107,6 +108,9 @@ pub mod wire;
 
 pub use lease_fields::LeaseFields;
 pub use nonce::{Nonce, NonceSource};
-pub use producer::{BookCounters, Grant, GrantError, LeaseBook, ReleaseReason, Released, Renewal};
+pub use producer::{
+    BookCounters, Grant, GrantError, LeaseBook, PrefillRank, PrefillScheduler, ReleaseReason,
+    Released, Renewal,
+};
 pub use slot_pool::{SlotPool, SlotTicket};
 pub use slots::LeaseSlots;

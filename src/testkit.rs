@@ -1,23 +1,46 @@
-//! Test support (feature `testkit`): the lease book checked step by step
+//! Test support (feature `testkit`): the P roles checked step by step
 //! against a reference model. Shared by the randomized test
 //! (`tests/book_model.rs`) and the fuzz target (`fuzz/`, `lease_book`), so
 //! both check the same invariants. Not part of the supported API.
 //!
-//! [`BookOp::decode`] turns arbitrary bytes into operations (every byte
-//! string is a valid program), [`BookHarness::apply`] runs one on the book
-//! and on the model and panics, with the reason, on the first disagreement
-//! or broken invariant. A panic here is a bug in the book, not in the input.
+//! The harness runs one [`PrefillScheduler`] and one to three
+//! [`PrefillRank`]s exactly as an engine with one process per GPU would:
+//! scheduler and ranks exchange nothing but role-message **bytes**, once per
+//! [`RolesOp::Step`] (directives down, reports up). Heartbeats and
+//! read-dones reach the ranks one by one, so a notification can be dropped
+//! for some ranks and not others (per-rank drops), and ranks expire on their
+//! own.
 //!
-//! The model is deliberately naive: a `BTreeMap` from id to lease state with
-//! deadlines compared directly, slots tracked as a set.
+//! [`RolesOp::decode`] turns arbitrary bytes into operations (every byte
+//! string is a valid program), [`RolesHarness::apply`] runs one on the roles
+//! and on the model and panics, with the reason, on the first disagreement
+//! or broken invariant. A panic here is a bug in the roles, not in the input.
+//!
+//! The model is deliberately naive: a `BTreeMap` from id to lease, each
+//! with a `Vec` of per-rank states, deadlines compared directly.
+//!
+//! # Invariants checked after every operation
+//!
+//! 1. A rank's slot word holds a lease's nonce exactly while that rank
+//!    holds the lease; zero otherwise (zeroed before the report leaves).
+//! 2. Nonces are never 0 and never repeat.
+//! 3. A renewal never shortens a rank's deadline; a stale read-done or
+//!    renewal changes nothing.
+//! 4. A rank never expires early, and at most one tick late.
+//! 5. A lease is released to the engine only when no rank holds it, and a
+//!    slot is handed to a new lease only after the engine freed the blocks
+//!    of the last one.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{EngineShape, LeaseConfig};
+use crate::lease_fields::LeaseFields;
 use crate::nonce::{Nonce, NonceSource};
-use crate::producer::{GrantError, LeaseBook, ReadDoneOutcome, ReleaseReason, Renewal};
+use crate::producer::{
+    GrantError, LeaseStatus, PrefillRank, PrefillScheduler, ReadDoneOutcome, ReleaseReason, Renewal,
+};
 use crate::slot_pool::{SlotPool, SlotTicket};
 use crate::slots::LeaseSlots;
 use crate::time::Instant;
@@ -36,35 +59,44 @@ pub enum NoncePick {
     Absent,
 }
 
-/// One operation on the book.
+/// One operation on the roles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BookOp {
-    /// Grant a lease to id number `id`.
+pub enum RolesOp {
+    /// The scheduler grants (assigns and starts) a lease to id number `id`.
     Grant {
         /// Index into the id universe.
         id: u8,
     },
-    /// Heartbeat for id number `id`.
-    Renew {
+    /// The scheduler assigns id number `id` (prefill scheduled).
+    Assign {
         /// Index into the id universe.
         id: u8,
     },
-    /// A batched heartbeat (`renew_all`) for the ids whose bits are set in
-    /// `mask` (ids 0..8).
-    RenewAll {
+    /// The scheduler starts id number `id`'s lease (prefill done).
+    Start {
+        /// Index into the id universe.
+        id: u8,
+    },
+    /// A text heartbeat for the ids whose bits are set in `mask` (ids
+    /// 0..8), delivered to the ranks whose bits are set in `ranks`.
+    Heartbeat {
         /// Bit i: id number i is in the heartbeat.
         mask: u8,
+        /// Bit r: rank r receives it (the others lose it).
+        ranks: u8,
     },
-    /// Compact heartbeat for `slot` with the chosen nonce.
+    /// A compact heartbeat for `slot` with the chosen nonce, to `ranks`.
     RenewSlot {
         /// Slot index (may be out of range).
         slot: u8,
         /// Which nonce.
         nonce: NoncePick,
+        /// Bit r: rank r receives it.
+        ranks: u8,
     },
-    /// Read-done notification.
+    /// A read-done notification received by one rank.
     ReadDone {
-        /// Local rank (may be out of range).
+        /// The rank (may be out of range).
         rank: u8,
         /// Index into the id universe.
         id: u8,
@@ -73,12 +105,15 @@ pub enum BookOp {
         /// Which nonce.
         nonce: NoncePick,
     },
-    /// The engine cancels id number `id`.
+    /// The scheduler cancels id number `id`.
     Cancel {
         /// Index into the id universe.
         id: u8,
     },
-    /// Time passes by `ms` milliseconds, then the book is polled.
+    /// One engine step's IPC: directives to every rank, then every rank's
+    /// reports to the scheduler, all as bytes.
+    Step,
+    /// Time passes by `ms` milliseconds, then every rank polls.
     Advance {
         /// Milliseconds.
         ms: u32,
@@ -92,10 +127,10 @@ pub enum BookOp {
     },
 }
 
-impl BookOp {
+impl RolesOp {
     /// Decodes a whole program from bytes: two bytes per operation, a
     /// trailing odd byte ignored. Every input is a valid program.
-    pub fn decode(bytes: &[u8]) -> impl Iterator<Item = BookOp> + '_ {
+    pub fn decode(bytes: &[u8]) -> impl Iterator<Item = RolesOp> + '_ {
         bytes.chunks_exact(2).map(|c| {
             let (a, b) = (c[0], c[1]);
             let pick = match b >> 6 {
@@ -103,66 +138,97 @@ impl BookOp {
                 2 => NoncePick::Stale,
                 _ => NoncePick::Absent,
             };
+            // Most notifications reach every rank; some are lost on some.
+            let ranks = if a & 0x80 == 0 { 0xFF } else { a >> 4 };
+            let id = b % IDS as u8;
             match a % 16 {
-                0..=2 => BookOp::Grant { id: b % IDS as u8 },
-                3 | 4 => BookOp::Renew { id: b % IDS as u8 },
-                5 => BookOp::RenewAll { mask: b },
-                6 => BookOp::RenewSlot {
+                0 | 1 => RolesOp::Grant { id },
+                2 => RolesOp::Assign { id },
+                3 => RolesOp::Start { id },
+                4 | 5 => RolesOp::Heartbeat { mask: b, ranks },
+                6 => RolesOp::RenewSlot {
                     slot: b & 0x0f,
                     nonce: pick,
+                    ranks,
                 },
-                7..=8 => BookOp::ReadDone {
-                    rank: (a >> 4) % 3,
-                    id: b % IDS as u8,
+                7 | 8 => RolesOp::ReadDone {
+                    rank: (a >> 4) % 4,
+                    id,
                     consumers: (a >> 6) % 3,
                     nonce: pick,
                 },
-                9 => BookOp::Cancel { id: b % IDS as u8 },
-                10..=12 => BookOp::Advance {
+                9 => RolesOp::Cancel { id },
+                10 | 11 => RolesOp::Step,
+                12 | 13 => RolesOp::Advance {
                     ms: u32::from(b) * u32::from(b) * 4 + u32::from(a >> 4),
                 },
-                13 | 14 => BookOp::Drain,
-                _ => BookOp::FreeBlocks { n: b % 4 },
+                14 => RolesOp::Drain,
+                _ => RolesOp::FreeBlocks { n: b % 4 },
             }
         })
     }
 }
 
+/// One rank's view of a lease, in the model.
 #[derive(Clone, Debug)]
-struct ModelLease {
-    expiry: Instant,
+struct RankLease {
+    /// `None`: pinned (granted, not started). Pinned renewals raise `floor`.
+    deadline: Option<Instant>,
+    floor: Instant,
     hold_until: Instant,
-    nonce: Nonce,
-    slot: Option<u32>,
-    /// (expected, seen) per rank.
-    reads: Vec<(u32, u32)>,
+    /// (expected, seen).
+    reads: (u32, u32),
 }
 
-/// The book plus its reference model. See the module docs.
-pub struct BookHarness {
-    book: LeaseBook,
+#[derive(Clone, Debug)]
+struct ModelLease {
+    nonce: Nonce,
+    slot: Option<u32>,
+    /// The scheduler's expiry and ceiling, once started.
+    started: Option<(Instant, Instant)>,
+    /// Directives not yet delivered: grant, start, cancel.
+    grant_pending: bool,
+    start_pending: bool,
+    cancel_pending: bool,
+    /// Per rank: `Some` while the rank holds it.
+    ranks: Vec<Option<RankLease>>,
+    /// Per rank: its release, waiting to be delivered to the scheduler.
+    unreported: Vec<Option<ReleaseReason>>,
+    /// Per rank: its release reached the scheduler.
+    reported: Vec<bool>,
+    /// The reasons reported so far, combined as the scheduler does.
+    combined: Option<ReleaseReason>,
+    reason: Option<ReleaseReason>,
+}
+
+/// The roles plus their reference model. See the module docs.
+pub struct RolesHarness {
+    scheduler: PrefillScheduler,
+    ranks: Vec<PrefillRank>,
     config: LeaseConfig,
-    ranks: Vec<Arc<LeaseSlots>>,
     ids: Vec<String>,
     now: Instant,
-    /// Held leases by id.
+    /// Live leases (assigned, held, or released and not drained) by id.
     model: BTreeMap<usize, ModelLease>,
-    /// Released, not yet drained: (id, reason, slot). An id may appear here
-    /// and in `model` at once (released, then granted again before the drain).
-    released: Vec<(usize, ReleaseReason, Option<u32>)>,
+    /// Released on the scheduler, not drained: (id, reason, slot, nonce).
+    released: Vec<(usize, ReleaseReason, Option<u32>, Nonce)>,
     /// Drained tickets whose blocks the engine has not freed yet.
     tickets: Vec<SlotTicket>,
     all_nonces: HashSet<Nonce>,
     old_nonces: Vec<Nonce>,
+    buf: Vec<u8>,
     /// Operations applied.
     pub ops: u64,
+    /// Rank shares released while another rank still held the lease
+    /// (divergence), seen so far.
+    pub divergences: u64,
 }
 
-impl BookHarness {
-    /// A small book (so that capacity and slot exhaustion happen) whose
+impl RolesHarness {
+    /// Small roles (so that capacity and slot exhaustion happen) whose
     /// settings are picked by `shape_byte`: verification on or off, one to
-    /// three ranks, with or without max_hold.
-    pub fn new(shape_byte: u8) -> BookHarness {
+    /// three ranks, with or without max_hold, one of four wheel ticks.
+    pub fn new(shape_byte: u8) -> RolesHarness {
         let slots = 3 + u32::from(shape_byte % 4);
         let mut config = LeaseConfig::new(EngineShape {
             num_kv_blocks: slots,
@@ -176,26 +242,33 @@ impl BookHarness {
         if config.validate().is_err() {
             unreachable!("harness config is valid by construction");
         }
-        let ranks: Vec<_> = (0..1 + usize::from((shape_byte >> 2) % 3))
-            .map(|_| Arc::new(LeaseSlots::new(slots)))
-            .collect();
+        let n_ranks = 1 + u32::from((shape_byte >> 2) % 3);
         let pool = Arc::new(SlotPool::new(slots));
-        let book = match LeaseBook::with_parts(
+        let scheduler = match PrefillScheduler::with_parts(
             &config,
-            ranks.clone(),
+            n_ranks,
             pool,
             NonceSource::from_seed(7, 11, 13),
             Instant::ZERO,
         ) {
-            Ok(b) => b,
-            Err(e) => unreachable!("harness book: {e}"),
+            Ok(s) => s,
+            Err(e) => unreachable!("harness scheduler: {e}"),
         };
+        let ranks = (0..n_ranks)
+            .map(|r| {
+                match PrefillRank::new(&config, r, Arc::new(LeaseSlots::new(slots)), Instant::ZERO)
+                {
+                    Ok(rank) => rank,
+                    Err(e) => unreachable!("harness rank: {e}"),
+                }
+            })
+            .collect();
         let mut ids: Vec<String> = (0..IDS - 1).map(|i| format!("r:{i}")).collect();
         ids.push("too-long-id".into());
-        BookHarness {
-            book,
-            config,
+        RolesHarness {
+            scheduler,
             ranks,
+            config,
             ids,
             now: Instant::ZERO,
             model: BTreeMap::new(),
@@ -203,17 +276,24 @@ impl BookHarness {
             tickets: Vec::new(),
             all_nonces: HashSet::new(),
             old_nonces: Vec::new(),
+            buf: vec![0; 1 << 16],
             ops: 0,
+            divergences: 0,
         }
     }
 
-    /// The book under test.
-    pub fn book(&self) -> &LeaseBook {
-        &self.book
+    /// The scheduler under test.
+    pub fn scheduler(&self) -> &PrefillScheduler {
+        &self.scheduler
     }
 
-    fn held(&self, id: usize) -> Option<&ModelLease> {
-        self.model.get(&id)
+    /// The ranks under test.
+    pub fn ranks(&self) -> &[PrefillRank] {
+        &self.ranks
+    }
+
+    fn n_ranks(&self) -> usize {
+        self.ranks.len()
     }
 
     fn pick_nonce(&self, pick: NoncePick, current: Option<Nonce>) -> Option<Nonce> {
@@ -224,137 +304,93 @@ impl BookHarness {
         }
     }
 
-    /// Applies one operation to the book and the model and checks every
+    /// Applies one operation to the roles and the model and checks every
     /// invariant. Panics on the first disagreement.
-    pub fn apply(&mut self, op: BookOp) {
+    pub fn apply(&mut self, op: RolesOp) {
         self.ops += 1;
         match op {
-            BookOp::Grant { id } => self.grant(usize::from(id)),
-            BookOp::Renew { id } => {
-                let id = usize::from(id);
-                let got = self.book.renew(self.ids[id].as_bytes(), self.now);
-                let want = self.model_renew(id);
-                assert_eq!(got, want, "renew {id}");
-            }
-            BookOp::RenewAll { mask } => {
-                let chosen: Vec<usize> = (0..8).filter(|i| mask & (1 << i) != 0).collect();
-                let ids: Vec<&[u8]> = chosen.iter().map(|&i| self.ids[i].as_bytes()).collect();
-                let got = self.book.renew_all(ids, self.now);
-                let mut want = (0, 0);
-                for i in chosen {
-                    match self.model_renew(i) {
-                        Renewal::Unknown => want.1 += 1,
-                        _ => want.0 += 1,
-                    }
-                }
-                assert_eq!(got, want, "renew_all {mask:08b}");
-            }
-            BookOp::RenewSlot { slot, nonce } => {
-                let slot = u32::from(slot);
-                let owner = self
-                    .model
-                    .iter()
-                    .find(|(_, l)| l.slot == Some(slot))
-                    .map(|(i, l)| (*i, l.nonce));
-                let Some(n) = self.pick_nonce(nonce, owner.map(|o| o.1)) else {
-                    return;
-                };
-                let mismatches = self.book.counters().renew_nonce_mismatch;
-                // Alternate between the single and the batched compact path.
-                let got = if self.ops % 2 == 0 {
-                    self.book.renew_slot(slot, n, self.now)
-                } else {
-                    let capped = self.book.counters().renew_capped;
-                    match self.book.renew_slots_all([(slot, n)], self.now) {
-                        (1, 0) if self.book.counters().renew_capped > capped => Renewal::Capped,
-                        (1, 0) => Renewal::Renewed,
-                        (0, 1) => Renewal::Unknown,
-                        other => panic!("renew_slots_all of one record returned {other:?}"),
-                    }
-                };
-                let want = match owner {
-                    Some((id, owner_nonce)) if owner_nonce == n => self.model_renew(id),
-                    _ => Renewal::Unknown,
-                };
-                assert_eq!(got, want, "renew_slot {slot}");
-                // A wrong nonce for a held slot is a mismatch; a slot no lease holds is unknown.
-                let mismatch = owner.is_some_and(|(_, o)| o != n);
-                assert_eq!(
-                    self.book.counters().renew_nonce_mismatch - mismatches,
-                    u64::from(mismatch),
-                    "renew_slot {slot} counted"
-                );
-            }
-            BookOp::ReadDone {
+            RolesOp::Grant { id } => self.assign(usize::from(id), true),
+            RolesOp::Assign { id } => self.assign(usize::from(id), false),
+            RolesOp::Start { id } => self.start(usize::from(id)),
+            RolesOp::Heartbeat { mask, ranks } => self.heartbeat(mask, ranks),
+            RolesOp::RenewSlot { slot, nonce, ranks } => self.renew_slot(slot, nonce, ranks),
+            RolesOp::ReadDone {
                 rank,
                 id,
                 consumers,
                 nonce,
             } => self.read_done(
-                u32::from(rank),
+                usize::from(rank),
                 usize::from(id),
                 u32::from(consumers),
                 nonce,
             ),
-            BookOp::Cancel { id } => {
-                let id = usize::from(id);
-                let was = self.held(id).is_some();
-                assert_eq!(self.book.cancel(&self.ids[id]), was, "cancel {id}");
-                if was {
-                    self.model_release(id, ReleaseReason::Cancelled);
-                }
-            }
-            BookOp::Advance { ms } => self.advance(ms),
-            BookOp::Drain => self.drain(),
-            BookOp::FreeBlocks { n } => {
+            RolesOp::Cancel { id } => self.cancel(usize::from(id)),
+            RolesOp::Step => self.step(),
+            RolesOp::Advance { ms } => self.advance(ms),
+            RolesOp::Drain => self.drain(),
+            RolesOp::FreeBlocks { n } => {
                 for _ in 0..n.min(self.tickets.len() as u8) {
                     let t = self.tickets.remove(0);
-                    self.book.blocks_freed(t);
+                    self.scheduler.blocks_freed(t);
                 }
             }
         }
         self.check();
     }
 
-    fn grant(&mut self, id: usize) {
-        let got = self.book.grant(&self.ids[id], self.now);
-        if self.ids[id].len() > self.config.max_request_id_len as usize {
+    fn live_count(&self) -> usize {
+        self.model.len()
+    }
+
+    fn assign(&mut self, id: usize, start: bool) {
+        let name = self.ids[id].clone();
+        let got = if start {
+            self.scheduler
+                .grant(&name, self.now)
+                .map(|g| (g.lease_fields(), g.nonce))
+        } else {
+            self.scheduler
+                .assign(&name, self.now)
+                .map(|a| (a.fields, a.nonce))
+        };
+        if name.len() > usize::from(self.config.max_request_id_len) {
             assert!(
                 matches!(got, Err(GrantError::BadId(_))),
                 "over-long id: {got:?}"
             );
             return;
         }
-        if self.model.contains_key(&id) {
-            assert_eq!(got, Err(GrantError::Duplicate), "grant of a held id {id}");
+        if let Some(l) = self.model.get(&id) {
+            let want = if l.reason.is_some() {
+                GrantError::ReleasePending
+            } else {
+                GrantError::Duplicate
+            };
+            assert_eq!(got, Err(want), "grant of a live id {id}");
             return;
         }
-        if self.model.len() + self.released.len() == self.config.lease_capacity as usize {
+        if self.live_count() == self.config.lease_capacity as usize {
             assert_eq!(got, Err(GrantError::Full));
             return;
         }
-        let g = match got {
+        let (fields, nonce) = match got {
             Ok(g) => g,
             Err(e) => panic!("grant {id} refused: {e}"),
         };
-        assert!(
-            self.all_nonces.insert(g.nonce),
-            "nonce {:?} repeated",
-            g.nonce
-        );
-        let slots_in_use = self.model.values().filter(|l| l.slot.is_some()).count()
-            + self.released.iter().filter(|r| r.2.is_some()).count()
-            + self.tickets.len();
+        assert!(self.all_nonces.insert(nonce), "nonce {nonce:?} repeated");
+        let slots_in_use =
+            self.model.values().filter(|l| l.slot.is_some()).count() + self.tickets.len();
         let free_slots = self.config.lease_slots as usize - slots_in_use;
         assert_eq!(
-            g.slot.is_some(),
+            fields.is_some(),
             self.config.verification && free_slots > 0,
             "slot iff verifying and a slot is free"
         );
-        if let Some(s) = g.slot {
+        let slot = fields.map(|f: LeaseFields| f.slot);
+        if let Some(s) = slot {
             assert!(
-                self.model.values().all(|l| l.slot != Some(s))
-                    && self.released.iter().all(|r| r.2 != Some(s)),
+                self.model.values().all(|l| l.slot != Some(s)),
                 "slot {s} given twice"
             );
             assert!(
@@ -362,33 +398,92 @@ impl BookHarness {
                 "slot {s} reused before its blocks were freed"
             );
         }
-        assert_eq!(g.expiry, self.now + self.config.lease_duration());
+        let n = self.n_ranks();
         self.model.insert(
             id,
             ModelLease {
-                expiry: g.expiry,
-                hold_until: self
-                    .config
-                    .max_hold()
-                    .map_or(Instant::MAX, |h| self.now + h),
-                nonce: g.nonce,
-                slot: g.slot,
-                reads: vec![(0, 0); self.ranks.len()],
+                nonce,
+                slot,
+                started: None,
+                grant_pending: true,
+                start_pending: false,
+                cancel_pending: false,
+                ranks: vec![None; n],
+                unreported: vec![None; n],
+                reported: vec![false; n],
+                combined: None,
+                reason: None,
             },
         );
+        if start {
+            self.model_start(id);
+        }
     }
 
-    fn model_renew(&mut self, id: usize) -> Renewal {
+    fn model_start(&mut self, id: usize) {
+        let (now, dur, hold) = (
+            self.now,
+            self.config.lease_duration(),
+            self.config.max_hold(),
+        );
+        if let Some(l) = self.model.get_mut(&id) {
+            l.started = Some((now + dur, hold.map_or(Instant::MAX, |h| now + h)));
+            l.start_pending = true;
+        }
+    }
+
+    fn start(&mut self, id: usize) {
+        let got = self.scheduler.start(&self.ids[id], self.now);
+        let ok = match self.model.get(&id) {
+            Some(l) => l.reason.is_none() && l.started.is_none(),
+            None => false,
+        };
+        assert_eq!(got.is_ok(), ok, "start {id}: {got:?}");
+        if let Ok(expiry) = got {
+            assert_eq!(expiry, self.now + self.config.lease_duration());
+            self.model_start(id);
+        }
+    }
+
+    fn cancel(&mut self, id: usize) {
+        let got = self.scheduler.cancel(&self.ids[id]);
+        let want = self.model.get(&id).is_some_and(|l| l.reason.is_none());
+        assert_eq!(got, want, "cancel {id}");
+        if !want {
+            return;
+        }
+        let Some(l) = self.model.get_mut(&id) else {
+            return;
+        };
+        if l.grant_pending {
+            // No rank heard of it: released at once.
+            l.grant_pending = false;
+            l.start_pending = false;
+            l.reason = Some(ReleaseReason::Cancelled);
+            let entry = (id, ReleaseReason::Cancelled, l.slot, l.nonce);
+            self.released.push(entry);
+        } else {
+            l.cancel_pending = true;
+        }
+    }
+
+    /// The model's renewal of `id` on rank `r`; the expected outcome.
+    fn model_renew(&mut self, id: usize, r: usize) -> Renewal {
         let now = self.now;
         let ext = self.config.lease_extension();
-        let Some(l) = self.model.get_mut(&id) else {
+        let Some(rl) = self.model.get_mut(&id).and_then(|l| l.ranks[r].as_mut()) else {
             return Renewal::Unknown;
         };
         let wanted = now + ext;
-        let target = wanted.min(l.hold_until);
-        let before = l.expiry;
-        l.expiry = l.expiry.max(target);
-        assert!(l.expiry >= before, "renewal shortened a lease");
+        let target = wanted.min(rl.hold_until);
+        match &mut rl.deadline {
+            Some(d) => {
+                let before = *d;
+                *d = (*d).max(target);
+                assert!(*d >= before, "renewal shortened a lease");
+            }
+            None => rl.floor = rl.floor.max(target),
+        }
         if target < wanted {
             Renewal::Capped
         } else {
@@ -396,37 +491,119 @@ impl BookHarness {
         }
     }
 
-    fn read_done(&mut self, rank: u32, id: usize, consumers: u32, pick: NoncePick) {
-        let current = self.held(id).map(|l| l.nonce);
-        let nonce = self.pick_nonce(pick, current);
-        let got = self
-            .book
-            .read_done(rank, self.ids[id].as_bytes(), consumers, nonce, self.now);
-        let ranks = self.ranks.len();
-        let want = if rank as usize >= ranks {
-            ReadDoneOutcome::BadRank
-        } else if let Some(l) = self.model.get_mut(&id) {
-            if nonce.is_some_and(|n| n != l.nonce) {
-                ReadDoneOutcome::StaleNonce
+    fn heartbeat(&mut self, mask: u8, ranks: u8) {
+        let chosen: Vec<usize> = (0..8).filter(|i| mask & (1 << i) != 0).collect();
+        let mut msg = b"HB:".to_vec();
+        for (k, &i) in chosen.iter().enumerate() {
+            if k > 0 {
+                msg.push(b',');
+            }
+            msg.extend_from_slice(self.ids[i].as_bytes());
+        }
+        for r in 0..self.n_ranks() {
+            if ranks & (1 << r) == 0 {
+                continue;
+            }
+            let got = self.ranks[r].on_notification(&msg, self.now);
+            if chosen.is_empty() {
+                // `HB:` with no id renews nothing, whatever the codec thinks of it.
+                assert!(
+                    got.map_or(true, |s| s.renewed == 0),
+                    "empty heartbeat renewed"
+                );
+                continue;
+            }
+            let s = got.unwrap_or_else(|e| panic!("heartbeat {msg:?} refused: {e}"));
+            let mut want = (0, 0);
+            for &i in &chosen {
+                match self.model_renew(i, r) {
+                    Renewal::Unknown => want.1 += 1,
+                    _ => want.0 += 1,
+                }
+            }
+            assert_eq!(
+                (s.renewed, s.ignored),
+                want,
+                "heartbeat {mask:08b} on rank {r}"
+            );
+        }
+    }
+
+    fn renew_slot(&mut self, slot: u8, pick: NoncePick, ranks: u8) {
+        let slot = u32::from(slot);
+        for r in 0..self.n_ranks() {
+            if ranks & (1 << r) == 0 {
+                continue;
+            }
+            let owner = self
+                .model
+                .iter()
+                .find(|(_, l)| l.slot == Some(slot) && l.ranks[r].is_some())
+                .map(|(i, l)| (*i, l.nonce));
+            let Some(n) = self.pick_nonce(pick, owner.map(|o| o.1)) else {
+                return;
+            };
+            let mismatches = self.ranks[r].counters().renew_nonce_mismatch;
+            // Alternate between the single and the batched compact path.
+            let got = if self.ops % 2 == 0 {
+                self.ranks[r].renew_slot(slot, n, self.now)
             } else {
-                let (expected, seen) = &mut l.reads[rank as usize];
-                if *expected != 0 && *seen >= *expected {
-                    ReadDoneOutcome::Counted
+                let capped = self.ranks[r].counters().renew_capped;
+                match self.ranks[r].renew_slots_all([(slot, n)], self.now) {
+                    (1, 0) if self.ranks[r].counters().renew_capped > capped => Renewal::Capped,
+                    (1, 0) => Renewal::Renewed,
+                    (0, 1) => Renewal::Unknown,
+                    other => panic!("renew_slots_all of one record returned {other:?}"),
+                }
+            };
+            let want = match owner {
+                Some((id, owner_nonce)) if owner_nonce == n => self.model_renew(id, r),
+                _ => Renewal::Unknown,
+            };
+            assert_eq!(got, want, "renew_slot {slot} on rank {r}");
+            let mismatch = owner.is_some_and(|(_, o)| o != n);
+            assert_eq!(
+                self.ranks[r].counters().renew_nonce_mismatch - mismatches,
+                u64::from(mismatch),
+                "renew_slot {slot} counted on rank {r}"
+            );
+        }
+    }
+
+    fn read_done(&mut self, rank: usize, id: usize, consumers: u32, pick: NoncePick) {
+        if rank >= self.n_ranks() {
+            return;
+        }
+        let held = self
+            .model
+            .get(&id)
+            .and_then(|l| l.ranks[rank].as_ref().map(|_| l.nonce));
+        let nonce = self.pick_nonce(pick, held);
+        let got = self.ranks[rank].read_done(self.ids[id].as_bytes(), consumers, nonce);
+        let want = match (self.model.get_mut(&id), held) {
+            (Some(l), Some(current)) => {
+                if nonce.is_some_and(|n| n != current) {
+                    ReadDoneOutcome::StaleNonce
                 } else {
-                    if *expected == 0 {
-                        *expected = consumers.max(1);
-                    }
-                    *seen += 1;
-                    if l.reads.iter().all(|(e, s)| *e != 0 && s >= e) {
-                        self.model_release(id, ReleaseReason::ReadDone);
-                        ReadDoneOutcome::Released
-                    } else {
-                        ReadDoneOutcome::Counted
+                    let rl = l.ranks[rank].as_mut().map(|rl| &mut rl.reads);
+                    match rl {
+                        Some((expected, seen)) => {
+                            if *expected == 0 {
+                                *expected = consumers.max(1);
+                            }
+                            *seen += 1;
+                            if *seen >= *expected {
+                                self.model_rank_release(id, rank, ReleaseReason::ReadDone);
+                                ReadDoneOutcome::Released
+                            } else {
+                                ReadDoneOutcome::Counted
+                            }
+                        }
+                        None => ReadDoneOutcome::Unknown,
                     }
                 }
             }
-        } else {
-            ReadDoneOutcome::Unknown
+            _ => ReadDoneOutcome::Unknown,
         };
         assert_eq!(
             got, want,
@@ -434,92 +611,245 @@ impl BookHarness {
         );
     }
 
-    fn model_release(&mut self, id: usize, reason: ReleaseReason) {
-        if let Some(l) = self.model.remove(&id) {
-            self.old_nonces.push(l.nonce);
-            self.released.push((id, reason, l.slot));
+    /// Rank `r` lets go of `id`: its slot word must already be zero.
+    fn model_rank_release(&mut self, id: usize, r: usize, reason: ReleaseReason) {
+        let Some(l) = self.model.get_mut(&id) else {
+            return;
+        };
+        if l.ranks[r].take().is_some() {
+            l.unreported[r] = Some(reason);
+            if l.ranks.iter().any(Option::is_some) {
+                self.divergences += 1;
+            }
+        }
+        if let Some(s) = l.slot {
+            assert_eq!(
+                self.ranks[r].slots().load(s),
+                Some(0),
+                "rank {r} released {id} without zeroing slot {s}"
+            );
+        }
+    }
+
+    fn step(&mut self) {
+        // Directives down: the same bytes to every rank.
+        let n = match self.scheduler.encode_directives(self.now, &mut self.buf) {
+            Ok(n) => n,
+            Err(e) => panic!("directives did not fit a 64 KiB buffer: {e}"),
+        };
+        let msg = self.buf[..n].to_vec();
+        for rank in &mut self.ranks {
+            if let Err(e) = rank.apply_directives(&msg, self.now) {
+                panic!(
+                    "rank {} refused the scheduler's directives: {e}",
+                    rank.rank()
+                );
+            }
+        }
+        self.model_directives();
+        // Reports up, rank by rank.
+        for r in 0..self.n_ranks() {
+            let n = match self.ranks[r].encode_reports(&mut self.buf) {
+                Ok(n) => n,
+                Err(e) => panic!("reports did not fit: {e}"),
+            };
+            let msg = self.buf[..n].to_vec();
+            if let Err(e) = self.scheduler.apply_reports(r as u32, &msg) {
+                panic!("scheduler refused rank {r}'s reports: {e}");
+            }
+            self.model_reports(r);
+        }
+    }
+
+    fn model_directives(&mut self) {
+        let now = self.now;
+        let ids: Vec<usize> = self.model.keys().copied().collect();
+        for id in ids {
+            let n = self.n_ranks();
+            let Some(l) = self.model.get_mut(&id) else {
+                continue;
+            };
+            if l.grant_pending {
+                l.grant_pending = false;
+                let (deadline, hold) = match (l.started, l.start_pending) {
+                    (Some((x, h)), true) => {
+                        l.start_pending = false;
+                        (Some(x.max(now)), h.max(now))
+                    }
+                    _ => (None, Instant::MAX),
+                };
+                for r in 0..n {
+                    l.ranks[r] = Some(RankLease {
+                        deadline,
+                        floor: Instant::ZERO,
+                        hold_until: hold,
+                        reads: (0, 0),
+                    });
+                }
+            }
+            if l.start_pending {
+                l.start_pending = false;
+                if let Some((x, h)) = l.started {
+                    for rl in l.ranks.iter_mut().flatten() {
+                        if rl.deadline.is_none() {
+                            rl.deadline = Some(rl.floor.max(x.max(now)));
+                            rl.hold_until = h.max(now);
+                        }
+                    }
+                }
+            }
+            if l.cancel_pending {
+                l.cancel_pending = false;
+                for r in 0..n {
+                    self.model_rank_release(id, r, ReleaseReason::Cancelled);
+                }
+            }
+        }
+    }
+
+    fn model_reports(&mut self, r: usize) {
+        for (&id, l) in self.model.iter_mut() {
+            let Some(reason) = l.unreported[r].take() else {
+                continue;
+            };
+            if l.reason.is_some() {
+                continue;
+            }
+            l.reported[r] = true;
+            l.combined = Some(l.combined.map_or(reason, |x| x.combine(reason)));
+            if l.reported.iter().all(|x| *x) {
+                let why = l.combined.unwrap_or(reason);
+                l.reason = Some(why);
+                l.cancel_pending = false;
+                l.start_pending = false;
+                self.released.push((id, why, l.slot, l.nonce));
+            }
         }
     }
 
     fn advance(&mut self, ms: u32) {
         self.now = self.now + Duration::from_millis(u64::from(ms));
-        self.book.poll(self.now);
         let tick = self.config.wheel_tick();
-        let held: Vec<usize> = self.model.keys().copied().collect();
-        for id in held {
-            let expiry = self.model[&id].expiry;
-            let still_held = self.book.expiry(&self.ids[id]).is_some();
-            if still_held {
-                assert!(
-                    expiry + tick > self.now,
-                    "id {id} due at {expiry:?} not expired at {:?}",
-                    self.now
-                );
-            } else {
-                assert!(
-                    expiry <= self.now,
-                    "id {id} expired early: due {expiry:?}, now {:?}",
-                    self.now
-                );
-                self.model_release(id, ReleaseReason::Expired);
+        for r in 0..self.n_ranks() {
+            self.ranks[r].poll(self.now);
+            let held: Vec<usize> = self
+                .model
+                .iter()
+                .filter(|(_, l)| l.ranks[r].as_ref().is_some_and(|rl| rl.deadline.is_some()))
+                .map(|(i, _)| *i)
+                .collect();
+            for id in held {
+                let Some(deadline) = self.model[&id].ranks[r].as_ref().and_then(|x| x.deadline)
+                else {
+                    continue;
+                };
+                let still_held = self.ranks[r].expiry(&self.ids[id]).is_some();
+                if still_held {
+                    assert!(
+                        deadline + tick > self.now,
+                        "rank {r}: id {id} due at {deadline:?} not expired at {:?}",
+                        self.now
+                    );
+                } else {
+                    assert!(
+                        deadline <= self.now,
+                        "rank {r}: id {id} expired early: due {deadline:?}, now {:?}",
+                        self.now
+                    );
+                    self.model_rank_release(id, r, ReleaseReason::Expired);
+                }
             }
         }
     }
 
     fn drain(&mut self) {
-        let mut reported: Vec<(String, ReleaseReason, Option<SlotTicket>)> = Vec::new();
+        let mut reported: Vec<(String, ReleaseReason, Option<SlotTicket>, Nonce)> = Vec::new();
         let ranks = &self.ranks;
-        self.book.drain_released(|r| {
-            if let Some(t) = &r.slot {
-                for a in ranks {
+        self.scheduler.drain_released(|r| {
+            for rank in ranks {
+                if let Some(t) = &r.slot {
                     assert_eq!(
-                        a.load(t.slot()),
+                        rank.slots().load(t.slot()),
                         Some(0),
-                        "slot {} not zeroed before report",
-                        t.slot()
+                        "slot {} not zeroed on rank {} before the release was reported",
+                        t.slot(),
+                        rank.rank()
                     );
                 }
+                assert!(
+                    rank.entry_of(r.request_id).is_none(),
+                    "{} released while rank {} still holds it",
+                    r.request_id,
+                    rank.rank()
+                );
             }
-            reported.push((r.request_id.to_string(), r.reason, r.slot));
+            reported.push((r.request_id.to_string(), r.reason, r.slot, r.nonce));
         });
-        let mut want: Vec<(String, ReleaseReason, Option<u32>)> = self
+        let mut want: Vec<(String, ReleaseReason, Option<u32>, Nonce)> = self
             .released
             .drain(..)
-            .map(|(i, r, slot)| (self.ids[i].clone(), r, slot))
+            .map(|(i, r, slot, n)| (self.ids[i].clone(), r, slot, n))
             .collect();
-        let mut got: Vec<(String, ReleaseReason, Option<u32>)> = reported
+        let mut got: Vec<(String, ReleaseReason, Option<u32>, Nonce)> = reported
             .iter()
-            .map(|(i, r, t)| (i.clone(), *r, t.as_ref().map(SlotTicket::slot)))
+            .map(|(i, r, t, n)| (i.clone(), *r, t.as_ref().map(SlotTicket::slot), *n))
             .collect();
-        let key =
-            |x: &(String, ReleaseReason, Option<u32>)| (x.0.clone(), format!("{:?}", x.1), x.2);
+        let key = |x: &(String, ReleaseReason, Option<u32>, Nonce)| x.3;
         want.sort_by_key(key);
         got.sort_by_key(key);
-        assert_eq!(got, want, "released set, each with its lease's slot");
+        assert_eq!(
+            got, want,
+            "released set, each with its lease's slot and nonce"
+        );
+        for (id, _, _, nonce) in &want {
+            let i = self.ids.iter().position(|x| x == id).unwrap_or(usize::MAX);
+            self.model.remove(&i);
+            self.old_nonces.push(*nonce);
+        }
         self.tickets
-            .extend(reported.into_iter().filter_map(|(_, _, t)| t));
+            .extend(reported.into_iter().filter_map(|(_, _, t, _)| t));
     }
 
     fn check(&self) {
-        assert_eq!(self.book.held() as usize, self.model.len(), "held count");
+        let held = self.model.values().filter(|l| l.reason.is_none()).count();
+        assert_eq!(self.scheduler.held() as usize, held, "held count");
         assert_eq!(
-            self.book.pending_releases(),
+            self.scheduler.pending_releases(),
             self.released.len(),
             "pending releases"
         );
-        let slots = self.config.lease_slots;
-        for s in 0..slots {
-            let owner = self.model.values().find(|l| l.slot == Some(s));
-            for (r, a) in self.ranks.iter().enumerate() {
+        for (r, rank) in self.ranks.iter().enumerate() {
+            for s in 0..self.config.lease_slots {
+                let owner = self
+                    .model
+                    .values()
+                    .find(|l| l.slot == Some(s) && l.ranks[r].is_some());
                 let want = owner.map_or(0, |l| l.nonce.get());
-                assert_eq!(a.load(s), Some(want), "rank {r} slot {s}");
+                assert_eq!(rank.slots().load(s), Some(want), "rank {r} slot {s}");
+            }
+            let rank_held = self.model.values().filter(|l| l.ranks[r].is_some()).count();
+            assert_eq!(rank.held() as usize, rank_held, "rank {r} held count");
+            for (id, l) in &self.model {
+                let want = l.ranks[r]
+                    .as_ref()
+                    .map(|rl| rl.deadline.unwrap_or(Instant::MAX));
+                assert_eq!(
+                    rank.expiry(&self.ids[*id]),
+                    want,
+                    "rank {r}: expiry of {id}"
+                );
             }
         }
         for (id, l) in &self.model {
+            let want = match (l.reason, l.started) {
+                (Some(r), _) => LeaseStatus::Released(r),
+                (None, Some(_)) => LeaseStatus::Held,
+                (None, None) => LeaseStatus::Assigned,
+            };
             assert_eq!(
-                self.book.expiry(&self.ids[*id]),
-                Some(l.expiry),
-                "expiry of {id}"
+                self.scheduler.status(&self.ids[*id]),
+                Some(want),
+                "status of {id}"
             );
         }
     }
@@ -532,9 +862,9 @@ mod tests {
     #[test]
     fn every_byte_string_decodes() {
         let bytes: Vec<u8> = (0..=255u8).flat_map(|a| [a, a.wrapping_mul(37)]).collect();
-        let ops: Vec<BookOp> = BookOp::decode(&bytes).collect();
+        let ops: Vec<RolesOp> = RolesOp::decode(&bytes).collect();
         assert_eq!(ops.len(), 256);
-        let mut h = BookHarness::new(0);
+        let mut h = RolesHarness::new(0);
         for op in ops {
             h.apply(op);
         }

@@ -93,7 +93,7 @@ impl Deployment {
     /// kv_transfer_params as `d_id`.
     fn prefill_then_route(&mut self, p_id: &str, d_id: &str, p_tp: u32) {
         let grant = self.book.grant(p_id, self.now).unwrap();
-        let lease = grant.lease_fields();
+        let lease = grant.lease_fields().map(|f| (f.slot, f.nonce));
         let params = RemotePrefillParams {
             do_remote_prefill: true,
             remote_engine_id: Some("prefill-a"),

@@ -46,7 +46,7 @@ fn secs(s: u64) -> Instant {
 fn invariant_1_slot_holds_nonce_only_while_blocks_are_held() {
     let mut book = book_with_ranks(2, 8, 3);
     let g = book.grant("req-a", T0).unwrap();
-    let (slot, nonce) = g.lease_fields().expect("verifiable lease");
+    let kvlease::LeaseFields { slot, nonce } = g.lease_fields().expect("verifiable lease");
     for r in 0..3 {
         assert_eq!(
             book.rank_slots(r).unwrap().load(slot),
@@ -167,7 +167,7 @@ fn invariant_3_renewal_never_shortens() {
     assert_eq!(book.renew(b"req-a", secs(15)), Renewal::Renewed);
     assert_eq!(book.expiry("req-a"), Some(secs(35)));
     // A heartbeat that arrives "from the past" (earlier now) changes nothing.
-    book.renew(b"req-a", secs(2));
+    let _ = book.renew(b"req-a", secs(2));
     assert_eq!(book.expiry("req-a"), Some(secs(35)));
 }
 
@@ -313,7 +313,7 @@ fn consumers_are_counted_per_rank() {
 fn compact_renewal_needs_the_matching_nonce() {
     let mut book = book_with_ranks(2, 2, 1);
     let g = book.grant("req", T0).unwrap();
-    let (slot, nonce) = g.lease_fields().unwrap();
+    let kvlease::LeaseFields { slot, nonce } = g.lease_fields().unwrap();
     let wrong = kvlease::Nonce::new(nonce.get() ^ 1).unwrap();
     assert_eq!(book.renew_slot(slot, wrong, secs(20)), Renewal::Unknown);
     assert_eq!(book.counters().renew_nonce_mismatch, 1);

@@ -366,7 +366,7 @@ fn read_sees_a_lease_book_nonce_and_its_zeroing_on_expiry() {
             .unwrap();
     let local = dst.register(&mut w.d);
     let grant = book.grant("req-1", t(0)).unwrap();
-    let (slot, nonce) = grant.lease_fields().unwrap();
+    let kvlease::LeaseFields { slot, nonce } = grant.lease_fields().unwrap();
     let d = ReadDesc {
         local,
         local_offset: 0,

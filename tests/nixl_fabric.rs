@@ -503,7 +503,7 @@ fn read_of_a_remote_lease_slot_word_sees_the_granted_nonce() {
     assert_eq!(info.slot_region, Some(region));
 
     let grant = book.grant("req-slot", clock.now()).unwrap();
-    let (slot, nonce) = grant.lease_fields().expect("a verifiable lease");
+    let kvlease::LeaseFields { slot, nonce } = grant.lease_fields().expect("a verifiable lease");
     let word = |slot: u32| {
         desc(
             d_land,

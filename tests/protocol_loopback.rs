@@ -172,7 +172,7 @@ fn waiting_request_then(stop: Stop) {
     let mut d = Decode::new(&config);
     let now = h.now();
     let g = p.book.grant("cmpl-q", now).unwrap();
-    let (slot, nonce) = g.lease_fields().unwrap();
+    let kvlease::LeaseFields { slot, nonce } = g.lease_fields().unwrap();
     // Routed to D at once: D's scheduler tracks it from arrival, not from
     // when it is scheduled.
     d.route(&h, "d-q", "cmpl-q", &g);

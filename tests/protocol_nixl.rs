@@ -279,7 +279,7 @@ fn p_reclaims_the_leases_of_a_killed_d_process() {
     let mut initial = now;
     for (k, id) in ["cmpl-1", "cmpl-2"].into_iter().enumerate() {
         let g = p.book.grant(id, now).unwrap();
-        let (slot, nonce) = g.lease_fields().unwrap();
+        let kvlease::LeaseFields { slot, nonce } = g.lease_fields().unwrap();
         lines += &format!("lease d-{k} {id} {slot} {}\n", nonce.get());
         initial = g.expiry;
     }

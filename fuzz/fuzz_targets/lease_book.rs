@@ -1,12 +1,13 @@
-//! Drives the lease book with arbitrary operation sequences against its
-//! reference model (kvlease::testkit), then feeds the rest of the input to
-//! the book as raw notifications. Any panic is a bug: a broken invariant in
-//! the model check, or a panic reachable from bytes off the wire.
+//! Drives the P roles (a scheduler and its ranks exchanging role-message
+//! bytes) with arbitrary operation sequences against their reference model
+//! (kvlease::testkit), then feeds the rest of the input to a lease book as
+//! raw notifications. Any panic is a bug: a broken invariant in the model
+//! check, or a panic reachable from bytes off the wire.
 //!
 //! Input: `[shape byte][program bytes] 0x00 [notification] 0x0a [notification] ...`
 #![no_main]
 
-use kvlease::testkit::{BookHarness, BookOp};
+use kvlease::testkit::{RolesHarness, RolesOp};
 use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig};
 use libfuzzer_sys::fuzz_target;
 
@@ -19,8 +20,8 @@ fuzz_target!(|data: &[u8]| {
         None => (rest, &[][..]),
     };
 
-    let mut h = BookHarness::new(shape);
-    for op in BookOp::decode(program) {
+    let mut h = RolesHarness::new(shape);
+    for op in RolesOp::decode(program) {
         h.apply(op);
     }
 

@@ -57,11 +57,6 @@ impl<T: Copy> Ring<T> {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
-
-    /// True when nothing is queued.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 #[cfg(test)]
@@ -79,7 +74,7 @@ mod tests {
             assert_eq!(q.pop(), Some(round));
             assert_eq!(q.pop(), Some(round + 100));
             assert_eq!(q.pop(), None);
-            assert!(q.is_empty());
+            assert_eq!(q.len(), 0);
         }
         let mut empty = Ring::new(0, 0u8);
         assert_eq!(empty.pop(), None);

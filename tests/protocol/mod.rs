@@ -301,7 +301,14 @@ impl Decode {
     /// with `grant` (P's `kv_transfer_params`), and starts heartbeating it.
     pub fn route<H: Pair>(&mut self, h: &H, d_id: &str, p_id: &str, grant: &Grant) {
         let (host, port) = h.p_endpoint();
-        self.route_to(&host, port, d_id, p_id, grant.lease_fields(), h.now());
+        self.route_to(
+            &host,
+            port,
+            d_id,
+            p_id,
+            grant.lease_fields().map(|f| (f.slot, f.nonce)),
+            h.now(),
+        );
     }
 
     /// [`Decode::route`] with P's endpoint and lease fields spelled out.
@@ -697,7 +704,7 @@ pub fn verifier_tells_held_from_lapsed<H: Pair>(h: &mut H) {
 
     let now = h.now();
     let g1 = p.book.grant("cmpl-v1", now).unwrap();
-    let (slot, nonce) = g1.lease_fields().expect("a verifiable lease");
+    let kvlease::LeaseFields { slot, nonce } = g1.lease_fields().expect("a verifiable lease");
     assert_eq!(p.slot_word(slot), nonce.get());
     read_blocks(h, &mut p, agent, &landing, None);
     verifier.submit(1, Some((slot, nonce)), &target).unwrap();
@@ -735,7 +742,10 @@ pub fn verifier_tells_held_from_lapsed<H: Pair>(h: &mut H) {
     // Another request takes the slot (the pool hands back the last freed).
     let now = h.now();
     let g2 = p.book.grant("cmpl-v2", now).unwrap();
-    let (slot2, nonce2) = g2.lease_fields().expect("a verifiable lease");
+    let kvlease::LeaseFields {
+        slot: slot2,
+        nonce: nonce2,
+    } = g2.lease_fields().expect("a verifiable lease");
     assert_eq!(slot2, slot, "the freed slot is reused");
     assert_ne!(nonce2, nonce);
     assert_eq!(p.slot_word(slot), nonce2.get());
@@ -775,7 +785,7 @@ pub fn read_done_with_nonce_releases_only_its_lease<H: Pair>(h: &mut H) {
 
     let now = h.now();
     let g1 = p.book.grant("cmpl-r", now).unwrap();
-    let (slot, n1) = g1.lease_fields().expect("a verifiable lease");
+    let kvlease::LeaseFields { slot, nonce: n1 } = g1.lease_fields().expect("a verifiable lease");
     let done1 = read_done("cmpl-r", n1);
     read_blocks(h, &mut p, agent, &landing, Some(&done1));
     let heard = hear(h, &mut p, 1);
@@ -797,7 +807,10 @@ pub fn read_done_with_nonce_releases_only_its_lease<H: Pair>(h: &mut H) {
     // The same id leased again, on the same slot, with a new nonce.
     let now = h.now();
     let g2 = p.book.grant("cmpl-r", now).unwrap();
-    let (slot2, n2) = g2.lease_fields().expect("a verifiable lease");
+    let kvlease::LeaseFields {
+        slot: slot2,
+        nonce: n2,
+    } = g2.lease_fields().expect("a verifiable lease");
     assert_eq!(slot2, slot);
     assert_ne!(n2, n1);
 

@@ -1,0 +1,887 @@
+//! [`PrefillScheduler`]: the P engine's one scheduler-side lease role.
+//!
+//! This module owns what only one process per engine may decide: which
+//! lease gets which entry, slot and nonce (it holds the [`SlotPool`] and the
+//! [`NonceSource`]), what the workers must do each step (directives), when a
+//! lease is over for *every* rank (so its blocks may be freed), and when a
+//! slot may be reused (only after the engine freed the blocks). It does not
+//! touch slot words, timers or notifications: each [`super::PrefillRank`]
+//! does that in its own process. It never reads a clock.
+//!
+//! ```text
+//!  assign(id) ──▶ ASSIGNED  (entry, slot, nonce; directive Grant: ranks publish the nonce)
+//!  start(id, now) ──▶ HELD  (expiry = now + kv_lease_duration; directive Start)
+//!  grant(id, now) = assign + start, one directive
+//!  cancel(id) ──▶ directive Cancel (or released at once if no rank heard of it)
+//!  rank reports (entry, nonce, why) ... from EVERY rank ──▶ RELEASED(why, combined)
+//!  drain_released ──▶ engine frees the blocks (by request id, checked by nonce)
+//!  engine freed the blocks ──▶ SlotTicket back to the pool: the slot may be reused
+//! ```
+//!
+//! # When to call what (vLLM's hooks)
+//!
+//! - `build_connector_meta` for a `do_remote_decode` request scheduled for
+//!   the first time: [`PrefillScheduler::assign`]; then
+//!   [`PrefillScheduler::encode_directives`] into the step's metadata, so
+//!   the workers write the nonce in the step that runs the prefill, long
+//!   before `kv_transfer_params` can reach a decoder.
+//! - `request_finished` (prefill done): [`PrefillScheduler::start`], and
+//!   export [`Assignment::fields`] as `remote_lease_slot` /
+//!   `remote_lease_nonce`.
+//! - `update_connector_output`: [`PrefillScheduler::apply_reports`] with
+//!   each worker's report bytes, then [`PrefillScheduler::drain_released`]:
+//!   every release is `finished_sending` for its request.
+//! - Blocks freed: [`PrefillScheduler::blocks_freed`] (or the pool, from any
+//!   thread).
+//!
+//! # Degraded behaviour
+//!
+//! - **No free slot**: the lease is granted without lease fields; verifying
+//!   decoders decline its KV. Counted in `granted_without_slot`.
+//! - **Full** (`kv_lease_capacity` leases live, released-but-undrained
+//!   included): [`GrantError::Full`]; the request is not leased: free its
+//!   blocks and answer without remote-decode params.
+//! - **Re-grant before the drain**: [`GrantError::ReleasePending`]. Drain
+//!   first: an engine that frees blocks by request id would otherwise free
+//!   the *new* lease's blocks for the old lease's report.
+//! - **A rank never reports** (its process died): its leases stay live here
+//!   (blocks held) until [`PrefillScheduler::rank_lost`] is called; the
+//!   engine must call it when it notices the worker is gone.
+//! - **Bad report bytes**: refused whole, counted, never a panic; reports for
+//!   leases this scheduler does not hold under that nonce are counted no-ops.
+//!
+//! # Allocation
+//!
+//! Everything is allocated in the constructor; assign, start, cancel, the
+//! directive encoder, report decoding and the drain allocate nothing.
+
+use core::fmt;
+use core::time::Duration;
+use std::sync::Arc;
+
+use super::counters::SchedulerCounters;
+use super::layout::EntryLayout;
+use super::ReleaseReason;
+use crate::collections::{DenseSet, FreeStack, Ring};
+use crate::config::LeaseConfig;
+use crate::ids::{IdError, IdTable};
+use crate::ipc::directive::{self, Directive, DirectiveOp};
+use crate::ipc::report::{RankReport, ReportMsg};
+use crate::ipc::IpcError;
+use crate::lease_fields::LeaseFields;
+use crate::nonce::{Nonce, NonceSource};
+use crate::slot_pool::{SlotPool, SlotTicket};
+use crate::time::Instant;
+
+/// Most ranks one scheduler aggregates (TP × PP of one engine).
+pub const MAX_RANKS: u32 = 4096;
+
+const OP_GRANT: u8 = 1;
+const OP_START: u8 = 2;
+const OP_CANCEL: u8 = 4;
+
+/// Where a lease stands on the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseStatus {
+    /// Entry, slot and nonce assigned; the lease has not started.
+    Assigned,
+    /// Started: ranks hold it until their readers are done or it expires.
+    Held,
+    /// Every rank reported; waiting for [`PrefillScheduler::drain_released`].
+    Released(ReleaseReason),
+}
+
+#[derive(Debug)]
+struct Lease {
+    status: Option<LeaseStatus>,
+    nonce: Nonce,
+    /// When started: the expiry the ranks are told (their clocks rebase it).
+    expiry: Instant,
+    hold_until: Instant,
+    /// Directives not yet handed out (OP_*).
+    ops: u8,
+    /// The ranks were told about it (a Grant went out).
+    announced: bool,
+    /// The reason so far, combined over the ranks that reported.
+    reason: Option<ReleaseReason>,
+    reports: u32,
+    slot: Option<SlotTicket>,
+}
+
+/// What [`PrefillScheduler::assign`] gave the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    /// The lease's entry (directives and reports name it).
+    pub entry: u32,
+    /// The lease's nonce (exported only together with a slot).
+    pub nonce: Nonce,
+    /// `remote_lease_slot` / `remote_lease_nonce` for `kv_transfer_params`,
+    /// or `None` when the lease cannot be verified (omit both fields).
+    pub fields: Option<LeaseFields>,
+}
+
+/// What a grant gave the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The slot, when the lease is verifiable.
+    pub slot: Option<u32>,
+    /// The lease's nonce (exported only together with a slot).
+    pub nonce: Nonce,
+    /// When the lease expires unless renewed (the scheduler's clock).
+    pub expiry: Instant,
+}
+
+impl Grant {
+    /// `remote_lease_slot` / `remote_lease_nonce` for `kv_transfer_params`,
+    /// or `None` when the lease cannot be verified (omit both fields).
+    pub fn lease_fields(&self) -> Option<LeaseFields> {
+        self.slot.map(|slot| LeaseFields {
+            slot,
+            nonce: self.nonce,
+        })
+    }
+}
+
+/// Why a grant was refused. The request is not leased; see the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GrantError {
+    /// `kv_lease_capacity` leases are live (released, undrained ones included).
+    Full,
+    /// The request id is empty or longer than `kv_lease_max_request_id_len`.
+    BadId(IdError),
+    /// A lease with this id is live.
+    Duplicate,
+    /// This id's previous lease is released but not drained: call
+    /// `drain_released` first.
+    ReleasePending,
+}
+
+impl fmt::Display for GrantError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GrantError::Full => f.write_str("lease capacity reached (kv_lease_capacity)"),
+            GrantError::BadId(e) => write!(f, "bad request id: {e}"),
+            GrantError::Duplicate => f.write_str("request id already leased"),
+            GrantError::ReleasePending => f.write_str(
+                "the request id's previous lease is released but not drained yet; drain first",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for GrantError {}
+
+/// Why [`PrefillScheduler::start`] refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StartError {
+    /// No live lease with this id.
+    Unknown,
+    /// Already started.
+    AlreadyStarted,
+    /// Released (cancelled or reported by every rank) before it started.
+    Released,
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StartError::Unknown => "no lease with this request id",
+            StartError::AlreadyStarted => "lease already started",
+            StartError::Released => "lease released before it started",
+        })
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// Why a scheduler could not be built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SchedulerError {
+    /// Zero ranks, or more than [`MAX_RANKS`].
+    BadRankCount(u32),
+    /// The slot pool does not hand out exactly `kv_lease_slots` slots.
+    PoolMismatch {
+        /// The pool's capacity.
+        pool: u32,
+        /// `kv_lease_slots`.
+        slots: u32,
+    },
+}
+
+impl fmt::Display for SchedulerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SchedulerError::BadRankCount(n) => {
+                write!(f, "a scheduler needs 1..={MAX_RANKS} ranks, got {n}")
+            }
+            SchedulerError::PoolMismatch { pool, slots } => write!(
+                f,
+                "the slot pool hands out {pool} slots but kv_lease_slots is {slots}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SchedulerError {}
+
+/// What one rank report did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReportOutcome {
+    /// Counted; other ranks still hold the lease.
+    Counted,
+    /// The last rank: the lease is released (drain it).
+    Released,
+    /// No live lease in that entry under that nonce: ignored.
+    Stale,
+    /// This rank already reported this lease: ignored.
+    Duplicate,
+    /// Not one of this scheduler's ranks: ignored.
+    BadRank,
+}
+
+/// What one report message did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReportSummary {
+    /// Reports that counted.
+    pub counted: u32,
+    /// Leases this message completed.
+    pub released: u32,
+    /// Stale or duplicate reports: ignored.
+    pub ignored: u32,
+}
+
+/// A released lease, as reported by [`PrefillScheduler::drain_released`].
+#[derive(Debug)]
+pub struct Released<'a> {
+    /// The request whose blocks may now be freed (vLLM's finished_sending).
+    pub request_id: &'a str,
+    /// The nonce of the lease released: the engine holds it since the grant,
+    /// and must free the blocks of *this* lease (check it, if it keys blocks
+    /// by request id alone).
+    pub nonce: Nonce,
+    /// Why it was released.
+    pub reason: ReleaseReason,
+    /// The slot it held, already zeroed on every rank. Give it back (to
+    /// `blocks_freed` or the pool, from any thread) only after the blocks are
+    /// freed.
+    pub slot: Option<SlotTicket>,
+}
+
+/// The P engine's scheduler-side lease role. See the module docs.
+#[derive(Debug)]
+pub struct PrefillScheduler {
+    layout: EntryLayout,
+    ranks: u32,
+    duration: Duration,
+    max_hold: Option<Duration>,
+    verification: bool,
+    capacity: u32,
+    leases: Box<[Lease]>,
+    ids: IdTable,
+    unslotted: FreeStack,
+    /// Leases live: assigned, held, or released and not drained.
+    live: u32,
+    /// Leases assigned or held.
+    held: u32,
+    /// Per entry, one bit per rank that reported it.
+    reported: Box<[u64]>,
+    words: usize,
+    pool: Arc<SlotPool>,
+    nonces: NonceSource,
+    /// Entries with directives not yet handed out.
+    pending: DenseSet,
+    released: Ring<u32>,
+    directive_seq: u32,
+    /// Per rank: the next report sequence number expected (u64::MAX: none yet).
+    report_seq: Box<[u64]>,
+    counters: SchedulerCounters,
+}
+
+impl PrefillScheduler {
+    /// A scheduler for an engine of `ranks` workers, with its own pool of
+    /// `kv_lease_slots` slots and nonces from OS randomness.
+    pub fn new(
+        config: &LeaseConfig,
+        ranks: u32,
+        now: Instant,
+    ) -> Result<PrefillScheduler, SchedulerError> {
+        let pool = Arc::new(SlotPool::new(config.lease_slots));
+        PrefillScheduler::with_parts(config, ranks, pool, NonceSource::from_entropy(), now)
+    }
+
+    /// As [`PrefillScheduler::new`] with a given pool (exactly
+    /// `kv_lease_slots` slots when verification is on) and nonce source.
+    pub fn with_parts(
+        config: &LeaseConfig,
+        ranks: u32,
+        pool: Arc<SlotPool>,
+        nonces: NonceSource,
+        _now: Instant,
+    ) -> Result<PrefillScheduler, SchedulerError> {
+        if ranks == 0 || ranks > MAX_RANKS {
+            return Err(SchedulerError::BadRankCount(ranks));
+        }
+        let layout = EntryLayout::of(config);
+        if config.verification && pool.capacity() != layout.slotted {
+            return Err(SchedulerError::PoolMismatch {
+                pool: pool.capacity(),
+                slots: layout.slotted,
+            });
+        }
+        let entries = layout.entries();
+        let words = (ranks as usize).div_ceil(64);
+        Ok(PrefillScheduler {
+            layout,
+            ranks,
+            duration: config.lease_duration(),
+            max_hold: config.max_hold(),
+            verification: config.verification,
+            capacity: config.lease_capacity,
+            leases: (0..entries)
+                .map(|_| Lease {
+                    status: None,
+                    nonce: Nonce::ONE,
+                    expiry: Instant::MAX,
+                    hold_until: Instant::MAX,
+                    ops: 0,
+                    announced: false,
+                    reason: None,
+                    reports: 0,
+                    slot: None,
+                })
+                .collect(),
+            ids: IdTable::new(entries, config.max_request_id_len),
+            unslotted: FreeStack::range(layout.slotted, entries),
+            live: 0,
+            held: 0,
+            reported: vec![0; entries as usize * words].into_boxed_slice(),
+            words,
+            pool,
+            nonces,
+            pending: DenseSet::new(entries),
+            released: Ring::new(entries, u32::MAX),
+            directive_seq: 0,
+            report_seq: vec![u64::MAX; ranks as usize].into_boxed_slice(),
+            counters: SchedulerCounters::default(),
+        })
+    }
+
+    /// Event counts since construction.
+    pub fn counters(&self) -> &SchedulerCounters {
+        &self.counters
+    }
+
+    /// The ranks whose reports this scheduler waits for.
+    pub fn ranks(&self) -> u32 {
+        self.ranks
+    }
+
+    /// The entry numbering (the ranks must be built from the same config).
+    pub fn layout(&self) -> EntryLayout {
+        self.layout
+    }
+
+    /// Leases assigned or held (not yet released by every rank).
+    pub fn held(&self) -> u32 {
+        self.held
+    }
+
+    /// Released leases waiting for [`PrefillScheduler::drain_released`].
+    pub fn pending_releases(&self) -> usize {
+        self.released.len()
+    }
+
+    /// The pool slots come from; give tickets back here from any thread.
+    pub fn slot_pool(&self) -> &Arc<SlotPool> {
+        &self.pool
+    }
+
+    /// Where the lease of `request_id` stands, if it is live.
+    pub fn status(&self, request_id: &str) -> Option<LeaseStatus> {
+        let e = self.ids.get(request_id.as_bytes())?;
+        self.leases[e as usize].status
+    }
+
+    /// The expiry the scheduler gave the lease of `request_id` (its own
+    /// clock), if started. Ranks hold their own, renewed copies.
+    pub fn expiry(&self, request_id: &str) -> Option<Instant> {
+        let e = self.ids.get(request_id.as_bytes())?;
+        let l = &self.leases[e as usize];
+        (l.status == Some(LeaseStatus::Held)).then_some(l.expiry)
+    }
+
+    // ---- granting -----------------------------------------------------------------
+
+    /// Assigns `request_id` an entry, a nonce and (verification on, a slot
+    /// free) a slot, and queues the Grant directive that makes every rank
+    /// publish the nonce. Call when the request is first scheduled; the
+    /// lease starts with [`PrefillScheduler::start`].
+    pub fn assign(&mut self, request_id: &str, _now: Instant) -> Result<Assignment, GrantError> {
+        let id = request_id.as_bytes();
+        if let Err(e) = self.ids.check(id) {
+            self.counters.grant_refused_bad_id += 1;
+            return Err(GrantError::BadId(e));
+        }
+        if let Some(e) = self.ids.get(id) {
+            return Err(match self.leases[e as usize].status {
+                Some(LeaseStatus::Released(_)) => {
+                    self.counters.grant_refused_release_pending += 1;
+                    GrantError::ReleasePending
+                }
+                _ => {
+                    self.counters.grant_refused_duplicate += 1;
+                    GrantError::Duplicate
+                }
+            });
+        }
+        if self.live >= self.capacity {
+            self.counters.grant_refused_full += 1;
+            return Err(GrantError::Full);
+        }
+        let slot = if self.verification {
+            self.pool.take()
+        } else {
+            None
+        };
+        let entry = match &slot {
+            Some(t) => t.slot(),
+            None => match self.unslotted.pop() {
+                Some(e) => e,
+                None => {
+                    // live < capacity == unslotted range: cannot happen.
+                    debug_assert!(false, "unslotted range exhausted below capacity");
+                    self.counters.grant_refused_full += 1;
+                    return Err(GrantError::Full);
+                }
+            },
+        };
+        if let Err(e) = self.ids.insert(id, entry) {
+            debug_assert!(false, "id insert failed after checks: {e}");
+            self.give_entry_back(entry, slot);
+            self.counters.grant_refused_bad_id += 1;
+            return Err(GrantError::BadId(e));
+        }
+        if slot.is_none() {
+            self.counters.granted_without_slot += 1;
+        }
+        let nonce = self.nonces.next_nonce();
+        let fields = slot.as_ref().map(|t| LeaseFields {
+            slot: t.slot(),
+            nonce,
+        });
+        let lease = &mut self.leases[entry as usize];
+        debug_assert!(lease.status.is_none() && lease.slot.is_none());
+        *lease = Lease {
+            status: Some(LeaseStatus::Assigned),
+            nonce,
+            expiry: Instant::MAX,
+            hold_until: Instant::MAX,
+            ops: OP_GRANT,
+            announced: false,
+            reason: None,
+            reports: 0,
+            slot,
+        };
+        self.reported_bits_mut(entry).fill(0);
+        self.pending.insert(entry);
+        self.live += 1;
+        self.held += 1;
+        self.counters.granted += 1;
+        Ok(Assignment {
+            entry,
+            nonce,
+            fields,
+        })
+    }
+
+    /// Starts the lease of an assigned request (its prefill completed):
+    /// expiry = `now + kv_lease_duration`; queues the Start directive.
+    pub fn start(&mut self, request_id: &str, now: Instant) -> Result<Instant, StartError> {
+        let Some(e) = self.ids.get(request_id.as_bytes()) else {
+            return Err(StartError::Unknown);
+        };
+        let lease = &mut self.leases[e as usize];
+        match lease.status {
+            Some(LeaseStatus::Assigned) => {}
+            Some(LeaseStatus::Held) => return Err(StartError::AlreadyStarted),
+            Some(LeaseStatus::Released(_)) => return Err(StartError::Released),
+            None => return Err(StartError::Unknown),
+        }
+        lease.status = Some(LeaseStatus::Held);
+        lease.expiry = now + self.duration;
+        lease.hold_until = self.max_hold.map_or(Instant::MAX, |h| now + h);
+        lease.ops |= OP_START;
+        let expiry = lease.expiry;
+        self.pending.insert(e);
+        Ok(expiry)
+    }
+
+    /// Assigns and starts a lease in one step (its prefill already ran):
+    /// one Grant directive that starts the lease on every rank.
+    pub fn grant(&mut self, request_id: &str, now: Instant) -> Result<Grant, GrantError> {
+        let a = self.assign(request_id, now)?;
+        let expiry = match self.start(request_id, now) {
+            Ok(x) => x,
+            Err(e) => {
+                debug_assert!(false, "start right after assign failed: {e}");
+                now + self.duration
+            }
+        };
+        Ok(Grant {
+            slot: a.fields.map(|f| f.slot),
+            nonce: a.nonce,
+            expiry,
+        })
+    }
+
+    /// Releases the lease of `request_id` (aborted on P, engine shutdown):
+    /// a Cancel directive for the ranks, or, when no rank has heard of the
+    /// lease yet, released at once. Returns whether a live, unreleased lease
+    /// was found.
+    pub fn cancel(&mut self, request_id: &str) -> bool {
+        let Some(e) = self.ids.get(request_id.as_bytes()) else {
+            return false;
+        };
+        let lease = &mut self.leases[e as usize];
+        match lease.status {
+            Some(LeaseStatus::Assigned | LeaseStatus::Held) => {}
+            _ => return false,
+        }
+        if lease.announced {
+            lease.ops |= OP_CANCEL;
+            self.pending.insert(e);
+        } else {
+            // No rank wrote the nonce: nothing to zero, nobody to wait for.
+            lease.ops = 0;
+            lease.reason = Some(ReleaseReason::Cancelled);
+            self.pending.remove(e);
+            self.finish(e);
+        }
+        true
+    }
+
+    /// The engine lost rank `rank` (its worker process died): every live
+    /// lease counts as reported by it (expired), so the blocks the other
+    /// ranks let go of are not held forever. Its slot words died with it.
+    pub fn rank_lost(&mut self, rank: u32) {
+        if rank >= self.ranks {
+            return;
+        }
+        for e in 0..self.leases.len() as u32 {
+            let l = &self.leases[e as usize];
+            if matches!(l.status, Some(LeaseStatus::Assigned | LeaseStatus::Held)) && l.announced {
+                let nonce = l.nonce;
+                self.on_report(
+                    rank,
+                    RankReport {
+                        entry: e,
+                        nonce,
+                        reason: ReleaseReason::Expired,
+                    },
+                );
+            }
+        }
+    }
+
+    // ---- directives -----------------------------------------------------------------
+
+    /// Directives waiting to be handed out.
+    pub fn pending_directives(&self) -> u32 {
+        self.pending.len()
+    }
+
+    /// Bytes [`PrefillScheduler::encode_directives`] needs now.
+    pub fn directives_len(&self, now: Instant) -> usize {
+        directive::encoded_len(self.directives(now))
+    }
+
+    /// Encodes this step's directives into `buf` as the next directive
+    /// message (the same bytes go to every worker) and marks them handed
+    /// out; returns the message length. With [`IpcError::BufferTooSmall`]
+    /// nothing is consumed: grow the buffer to
+    /// [`PrefillScheduler::directives_len`] and call again. Lease deadlines
+    /// cross as the time remaining at `now`.
+    pub fn encode_directives(&mut self, now: Instant, buf: &mut [u8]) -> Result<usize, IpcError> {
+        let len = directive::encode(buf, self.directive_seq, self.directives(now))?;
+        self.directive_seq = self.directive_seq.wrapping_add(1);
+        self.mark_sent();
+        Ok(len)
+    }
+
+    /// Hands this step's directives to `sink` and marks them handed out (an
+    /// engine whose ranks live in this process).
+    pub fn drain_directives(&mut self, now: Instant, mut sink: impl FnMut(&Directive<'_>)) {
+        for d in self.directives(now) {
+            sink(&d);
+        }
+        self.mark_sent();
+    }
+
+    fn directives(&self, now: Instant) -> PendingDirectives<'_> {
+        PendingDirectives {
+            sched: self,
+            now,
+            k: 0,
+            op: 0,
+        }
+    }
+
+    fn mark_sent(&mut self) {
+        while let Some(e) = self.pending.get(0) {
+            let lease = &mut self.leases[e as usize];
+            let ops = lease.ops;
+            self.counters.directives_sent += u64::from(
+                u8::from(ops & OP_GRANT != 0)
+                    + u8::from(ops & OP_START != 0 && ops & OP_GRANT == 0)
+                    + u8::from(ops & OP_CANCEL != 0),
+            );
+            lease.announced |= ops & OP_GRANT != 0;
+            lease.ops = 0;
+            self.pending.remove(e);
+        }
+    }
+
+    // ---- reports -------------------------------------------------------------------
+
+    /// Decodes one report message from worker `rank` (the engine knows
+    /// which worker sent it) and applies every report in it. A message that
+    /// does not decode, or claims another sender, changes nothing and is
+    /// counted; its error is returned for the engine to log.
+    pub fn apply_reports(&mut self, rank: u32, msg: &[u8]) -> Result<ReportSummary, IpcError> {
+        let decoded = match ReportMsg::decode(msg) {
+            Ok(m) if m.rank() == rank && rank < self.ranks => m,
+            Ok(m) => {
+                self.counters.report_messages_refused += 1;
+                return Err(IpcError::WrongSender {
+                    expected: rank,
+                    found: m.rank(),
+                });
+            }
+            Err(e) => {
+                self.counters.report_messages_refused += 1;
+                return Err(e);
+            }
+        };
+        let expected = &mut self.report_seq[rank as usize];
+        if *expected != u64::MAX && u64::from(decoded.seq()) != *expected {
+            self.counters.report_seq_gaps += 1;
+        }
+        *expected = u64::from(decoded.seq().wrapping_add(1));
+        let mut summary = ReportSummary::default();
+        for r in decoded.iter() {
+            match self.on_report(rank, r) {
+                ReportOutcome::Counted => summary.counted += 1,
+                ReportOutcome::Released => {
+                    summary.counted += 1;
+                    summary.released += 1;
+                }
+                _ => summary.ignored += 1,
+            }
+        }
+        Ok(summary)
+    }
+
+    /// Applies one report of rank `rank` (in process, or from a message).
+    pub fn on_report(&mut self, rank: u32, report: RankReport) -> ReportOutcome {
+        if rank >= self.ranks {
+            return ReportOutcome::BadRank;
+        }
+        let live = match self.leases.get(report.entry as usize) {
+            Some(l) => {
+                l.nonce == report.nonce
+                    && matches!(l.status, Some(LeaseStatus::Assigned | LeaseStatus::Held))
+                    && l.announced
+            }
+            None => false,
+        };
+        if !live {
+            self.counters.reports_stale += 1;
+            return ReportOutcome::Stale;
+        }
+        let e = report.entry;
+        let words = self.words;
+        let bits = &mut self.reported[e as usize * words..(e as usize + 1) * words];
+        let (w, b) = (rank as usize / 64, rank % 64);
+        if bits[w] & (1 << b) != 0 {
+            self.counters.reports_duplicate += 1;
+            return ReportOutcome::Duplicate;
+        }
+        bits[w] |= 1 << b;
+        self.counters.reports_applied += 1;
+        let lease = &mut self.leases[e as usize];
+        lease.reports += 1;
+        lease.reason = Some(
+            lease
+                .reason
+                .map_or(report.reason, |r| r.combine(report.reason)),
+        );
+        // Mutation check (.ci/mutants.sh): blocks freed once one rank
+        // reported. Must be caught.
+        let all = if cfg!(kvlease_mutant = "free_on_first_report") {
+            1
+        } else {
+            self.ranks
+        };
+        if lease.reports < all {
+            return ReportOutcome::Counted;
+        }
+        // Every rank let go: a pending Start or Cancel is moot.
+        lease.ops = 0;
+        self.pending.remove(e);
+        self.finish(e);
+        ReportOutcome::Released
+    }
+
+    /// Every rank is done with entry `e`: released, queued for the drain.
+    fn finish(&mut self, e: u32) {
+        let lease = &mut self.leases[e as usize];
+        let reason = lease.reason.unwrap_or(ReleaseReason::Cancelled);
+        debug_assert!(matches!(
+            lease.status,
+            Some(LeaseStatus::Assigned | LeaseStatus::Held)
+        ));
+        lease.status = Some(LeaseStatus::Released(reason));
+        self.held -= 1;
+        match reason {
+            ReleaseReason::ReadDone => self.counters.released_read += 1,
+            ReleaseReason::Expired => self.counters.expired += 1,
+            ReleaseReason::Cancelled => self.counters.cancelled += 1,
+        }
+        let queued = self.released.push(e);
+        debug_assert!(queued, "release queue overflow");
+    }
+
+    // ---- the engine's side -------------------------------------------------------------
+
+    /// Reports every released lease, oldest first, then forgets it (its id
+    /// may be granted again). Every rank has zeroed the slot in each report.
+    /// Call once per step after the reports.
+    pub fn drain_released(&mut self, mut report: impl FnMut(Released<'_>)) {
+        while let Some(e) = self.released.pop() {
+            let lease = &mut self.leases[e as usize];
+            let Some(LeaseStatus::Released(reason)) = lease.status else {
+                debug_assert!(false, "queued entry {e} is not released");
+                continue;
+            };
+            let slot = lease.slot.take();
+            // Mutation check (.ci/mutants.sh): the slot goes back to the pool
+            // before the engine freed the blocks. Must be caught.
+            #[cfg(kvlease_mutant = "reuse_before_free")]
+            let slot = slot.and_then(|t| {
+                self.pool.give_back(t);
+                None
+            });
+            let nonce = lease.nonce;
+            lease.status = None;
+            lease.announced = false;
+            // Ids are stored from &str, so they are valid UTF-8.
+            let request_id = core::str::from_utf8(self.ids.id(e)).unwrap_or("");
+            report(Released {
+                request_id,
+                nonce,
+                reason,
+                slot,
+            });
+            self.ids.remove(e);
+            if self.layout.slot_of(e).is_none() {
+                self.unslotted.push(e);
+            }
+            self.live -= 1;
+            self.counters.reported += 1;
+        }
+    }
+
+    /// The engine freed the blocks of a released lease: its slot may be
+    /// reused. (Tickets may also go straight back to
+    /// [`PrefillScheduler::slot_pool`] from another thread; then they are
+    /// not counted here.)
+    pub fn blocks_freed(&mut self, ticket: SlotTicket) {
+        self.pool.give_back(ticket);
+        self.counters.slots_returned += 1;
+    }
+
+    fn give_entry_back(&mut self, entry: u32, slot: Option<SlotTicket>) {
+        match slot {
+            Some(t) => self.pool.give_back(t),
+            None => self.unslotted.push(entry),
+        }
+    }
+
+    fn reported_bits_mut(&mut self, e: u32) -> &mut [u64] {
+        let w = self.words;
+        &mut self.reported[e as usize * w..(e as usize + 1) * w]
+    }
+}
+
+/// This step's directives, in entry order of the pending set, each lease's
+/// in the order Grant (merged with its Start when both are pending), Start,
+/// Cancel. Borrows the scheduler; cloned for the encoder's sizing pass.
+#[derive(Clone)]
+struct PendingDirectives<'a> {
+    sched: &'a PrefillScheduler,
+    now: Instant,
+    /// Position in the pending set.
+    k: u32,
+    /// Next op to consider for that entry (0: Grant, 1: Start, 2: Cancel).
+    op: u8,
+}
+
+impl<'a> Iterator for PendingDirectives<'a> {
+    type Item = Directive<'a>;
+
+    fn next(&mut self) -> Option<Directive<'a>> {
+        loop {
+            let e = self.sched.pending.get(self.k)?;
+            let lease = &self.sched.leases[e as usize];
+            let op = self.op;
+            self.op += 1;
+            if self.op == 3 {
+                self.op = 0;
+                self.k += 1;
+            }
+            let started = lease.status == Some(LeaseStatus::Held);
+            let remaining = started.then(|| lease.expiry.saturating_duration_since(self.now));
+            let hold = (started && lease.hold_until != Instant::MAX)
+                .then(|| lease.hold_until.saturating_duration_since(self.now));
+            let base = Directive {
+                op: DirectiveOp::Grant,
+                entry: e,
+                slot: None,
+                nonce: lease.nonce,
+                lease_remaining: None,
+                hold_remaining: None,
+                request_id: "",
+            };
+            match op {
+                0 if lease.ops & OP_GRANT != 0 => {
+                    return Some(Directive {
+                        slot: self.sched.layout.slot_of(e),
+                        lease_remaining: remaining,
+                        hold_remaining: hold,
+                        request_id: core::str::from_utf8(self.sched.ids.id(e)).unwrap_or(""),
+                        ..base
+                    })
+                }
+                // A Start queued with its Grant went out inside the Grant.
+                1 if lease.ops & OP_START != 0 && lease.ops & OP_GRANT == 0 => {
+                    return Some(Directive {
+                        op: DirectiveOp::Start,
+                        lease_remaining: remaining,
+                        hold_remaining: hold,
+                        ..base
+                    })
+                }
+                2 if lease.ops & OP_CANCEL != 0 => {
+                    return Some(Directive {
+                        op: DirectiveOp::Cancel,
+                        ..base
+                    })
+                }
+                _ => {}
+            }
+        }
+    }
+}
