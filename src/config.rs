@@ -17,7 +17,7 @@
 //! | `kv_lease_max_request_id_len` | 128 | longest request id, in bytes (ids are stored inline) |
 //! | `kv_lease_wheel_tick_ms` | 10 | timer-wheel resolution: expiry is late by at most one tick |
 //! | `kv_lease_max_hold` | off | ceiling on how long heartbeats can keep one lease alive, whole seconds (`600` or `600.0`) |
-//! | `kv_lease_max_tracked_requests` | `kv_lease_capacity` | requests D heartbeats at once |
+//! | `kv_lease_max_tracked_requests` | 65,536 | requests D heartbeats at once (waiting ones included) |
 //! | `kv_lease_max_remote_engines` | 64 | distinct P engines D heartbeats at once |
 //!
 //! The first four are vLLM's names and meanings; the rest are ours and carry
@@ -107,11 +107,27 @@ pub struct LeaseConfig {
     /// `kv_lease_max_hold`: heartbeats cannot keep a lease past
     /// grant + this many seconds. `None`: no ceiling (vLLM's behaviour).
     pub max_hold_secs: Option<u64>,
-    /// `kv_lease_max_tracked_requests`: requests D heartbeats at once.
+    /// `kv_lease_max_tracked_requests`: requests D heartbeats at once,
+    /// [`DEFAULT_MAX_TRACKED_REQUESTS`] unless set.
     pub max_tracked_requests: u32,
     /// `kv_lease_max_remote_engines`: P engines D heartbeats at once.
     pub max_remote_engines: u32,
 }
+
+/// Default `kv_lease_max_tracked_requests`: how many requests D heartbeats
+/// at once.
+///
+/// Not derived from the engine: D starts heartbeating a request when it
+/// *arrives* (vLLM's `on_new_request`), a waiting request holds no KV block
+/// on D, and vLLM's waiting queue is unbounded, so D's blocks + max_num_seqs
+/// (1,088 on a small engine) is no bound on what it must track. 65,536 covers
+/// a deep queue toward several P engines; the tracker reserves about 375
+/// bytes per request with 128-byte ids (24.7 MB in all; 183 bytes per request
+/// when `kv_lease_max_request_id_len` <= 64), measured in
+/// `tests/consumer_alloc.rs`. A request beyond it is refused with
+/// [`crate::consumer::TrackError::RequestsFull`] and counted in
+/// [`crate::consumer::TrackerCounters::not_heartbeated`].
+pub const DEFAULT_MAX_TRACKED_REQUESTS: u32 = 1 << 16;
 
 /// Upper limits on capacities, so that a typo cannot ask for terabytes at
 /// construction. Each is far above any engine we know of.
@@ -235,7 +251,7 @@ impl LeaseConfig {
             max_request_id_len: 128,
             wheel_tick_ms: 10,
             max_hold_secs: None,
-            max_tracked_requests: slots,
+            max_tracked_requests: DEFAULT_MAX_TRACKED_REQUESTS,
             max_remote_engines: 64,
         }
     }
@@ -410,7 +426,6 @@ impl LeaseConfig {
         }
         let mut c = LeaseConfig::new(shape);
         let mut capacity_set = false;
-        let mut tracked_set = false;
         let mut unknown_keys = Vec::new();
         for (key, v) in obj {
             match key.as_str() {
@@ -449,8 +464,7 @@ impl LeaseConfig {
                     }
                 }
                 "kv_lease_max_tracked_requests" => {
-                    c.max_tracked_requests = u32_key("kv_lease_max_tracked_requests", v)?;
-                    tracked_set = true;
+                    c.max_tracked_requests = u32_key("kv_lease_max_tracked_requests", v)?
                 }
                 "kv_lease_max_remote_engines" => {
                     c.max_remote_engines = u32_key("kv_lease_max_remote_engines", v)?
@@ -461,9 +475,6 @@ impl LeaseConfig {
         // Capacities that default to the slot count follow an explicit kv_lease_slots.
         if !capacity_set {
             c.lease_capacity = c.lease_slots;
-        }
-        if !tracked_set {
-            c.max_tracked_requests = c.lease_capacity;
         }
         debug_assert!(unknown_keys
             .iter()
@@ -697,6 +708,14 @@ mod tests {
         assert_eq!(c.lease_slots, 1024);
         assert_eq!(c.lease_capacity, 1024);
         assert_eq!(c.max_hold(), None);
+        assert_eq!(c.max_tracked_requests, DEFAULT_MAX_TRACKED_REQUESTS);
+        // D's tracking capacity does not follow P's slots (waiting requests hold none).
+        let c = parse(r#"{"kv_lease_slots": 7}"#).unwrap().config;
+        assert_eq!(c.max_tracked_requests, 65_536);
+        let c = parse(r#"{"kv_lease_max_tracked_requests": 9}"#)
+            .unwrap()
+            .config;
+        assert_eq!(c.max_tracked_requests, 9);
     }
 
     #[test]
