@@ -52,7 +52,11 @@
 //!
 //! The id, `:` (`3a`), and the number of consumers the reader expects as a
 //! decimal `u32` of at least 1 (ASCII digits only; leading zeros are accepted,
-//! never written). The message is split at its **last** `:`, so ids may
+//! never written). The number is what **current vLLM** sends: how many D
+//! ranks read from the P rank that receives it (`plan.local_consumers`,
+//! [`crate::topology::TpMapping::consumers_per_p_rank`]), not D's world size
+//! as some older releases sent; see [`crate::topology`] for what an older D
+//! causes. The message is split at its **last** `:`, so ids may
 //! contain `:`: `cmpl-abc:0:2` is id `cmpl-abc:0` with 2 consumers.
 //!
 //! An empty id (`:1`, `:1:nonce=...`) is [`WireError::EmptyId`]. vLLM's P
