@@ -9,23 +9,36 @@
 //!
 //! | key (in `kv_connector_extra_config`) | default | meaning |
 //! |---|---|---|
-//! | `kv_lease_duration` | 30 | initial lease on P, whole seconds, at least 6 |
-//! | `decoder_kv_blocks_ttl` | 480 | fixed TTL of blocks cached on D (bidirectional mode), seconds |
+//! | `kv_lease_duration` | 30 | initial lease on P, seconds (any number, e.g. `45.5`), at least 6 |
+//! | `decoder_kv_blocks_ttl` | 480 | fixed TTL of blocks cached on D (bidirectional mode), seconds (any positive number) |
 //! | `kv_lease_verification` | `true` | D uses pulled KV only after verifying the lease slot |
 //! | `kv_lease_slots` | KV blocks + max_num_seqs | lease slots exported by each P worker |
 //! | `kv_lease_capacity` | `kv_lease_slots` | leases one P lease book can hold at once |
 //! | `kv_lease_max_request_id_len` | 128 | longest request id, in bytes (ids are stored inline) |
 //! | `kv_lease_wheel_tick_ms` | 10 | timer-wheel resolution: expiry is late by at most one tick |
-//! | `kv_lease_max_hold` | off | ceiling on how long heartbeats can keep one lease alive, seconds |
-//! | `kv_lease_max_tracked_requests` | `kv_lease_capacity` | requests D heartbeats at once |
+//! | `kv_lease_max_hold` | off | ceiling on how long heartbeats can keep one lease alive, whole seconds (`600` or `600.0`) |
+//! | `kv_lease_max_tracked_requests` | 65,536 | requests D heartbeats at once (waiting ones included) |
 //! | `kv_lease_max_remote_engines` | 64 | distinct P engines D heartbeats at once |
 //!
 //! The first four are vLLM's names and meanings; the rest are ours and carry
-//! the `kv_lease_` prefix. The heartbeat interval and the extension are derived
-//! exactly as vLLM derives them, in integer seconds:
-//! `interval = duration // 6`, `extension = duration * 2 // 3`. A duration
-//! under 6 s would make the interval 0 (a heartbeat every step), so it is an
-//! error rather than a silent busy loop.
+//! the `kv_lease_` prefix.
+//!
+//! # Durations as vLLM reads them
+//!
+//! vLLM uses `kv_lease_duration` and `decoder_kv_blocks_ttl` as given, so a
+//! JSON float (`30.0`, `3e1`, `45.5`) works there and works here. The initial
+//! lease is the exact value (45.5 s); the heartbeat interval and the extension
+//! are derived exactly as vLLM derives them with Python's floor division on
+//! the number, which gives whole seconds: `interval = duration // 6`,
+//! `extension = duration * 2 // 3` (45.5 gives 7 s and 30 s). A float is
+//! taken to the nanosecond rounding *down*, which keeps both floors equal to
+//! the floors of the number itself. A duration under 6 s would make the
+//! interval 0 (a heartbeat every step), so it is an error rather than a
+//! silent busy loop; zero, negative, NaN and infinite values are errors that
+//! name the key (JSON has no NaN or Infinity, but Python's `json.dumps`
+//! writes them, so the parser recognises those tokens to say which key holds
+//! one). `kv_lease_max_hold` is ours and takes whole seconds; `600.0` is
+//! accepted as 600, `600.5` is refused.
 //!
 //! # Errors and unknown keys
 //!
@@ -75,10 +88,11 @@ pub struct EngineShape {
 /// built by hand should go through [`LeaseConfig::validate`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseConfig {
-    /// `kv_lease_duration`: initial lease on P, whole seconds.
-    pub lease_duration_secs: u64,
-    /// `decoder_kv_blocks_ttl`: TTL of blocks cached on D, whole seconds.
-    pub decoder_kv_blocks_ttl_secs: u64,
+    /// `kv_lease_duration`: initial lease on P. Not necessarily whole
+    /// seconds (vLLM accepts `45.5`); the derived interval and extension are.
+    pub lease_duration: Duration,
+    /// `decoder_kv_blocks_ttl`: TTL of blocks cached on D.
+    pub decoder_kv_blocks_ttl: Duration,
     /// `kv_lease_verification`: grant leases with a slot and nonce, and have
     /// D check them after its READ.
     pub verification: bool,
@@ -93,11 +107,27 @@ pub struct LeaseConfig {
     /// `kv_lease_max_hold`: heartbeats cannot keep a lease past
     /// grant + this many seconds. `None`: no ceiling (vLLM's behaviour).
     pub max_hold_secs: Option<u64>,
-    /// `kv_lease_max_tracked_requests`: requests D heartbeats at once.
+    /// `kv_lease_max_tracked_requests`: requests D heartbeats at once,
+    /// [`DEFAULT_MAX_TRACKED_REQUESTS`] unless set.
     pub max_tracked_requests: u32,
     /// `kv_lease_max_remote_engines`: P engines D heartbeats at once.
     pub max_remote_engines: u32,
 }
+
+/// Default `kv_lease_max_tracked_requests`: how many requests D heartbeats
+/// at once.
+///
+/// Not derived from the engine: D starts heartbeating a request when it
+/// *arrives* (vLLM's `on_new_request`), a waiting request holds no KV block
+/// on D, and vLLM's waiting queue is unbounded, so D's blocks + max_num_seqs
+/// (1,088 on a small engine) is no bound on what it must track. 65,536 covers
+/// a deep queue toward several P engines; the tracker reserves about 375
+/// bytes per request with 128-byte ids (24.7 MB in all; 183 bytes per request
+/// when `kv_lease_max_request_id_len` <= 64), measured in
+/// `tests/consumer_alloc.rs`. A request beyond it is refused with
+/// [`crate::consumer::TrackError::RequestsFull`] and counted in
+/// [`crate::consumer::TrackerCounters::not_heartbeated`].
+pub const DEFAULT_MAX_TRACKED_REQUESTS: u32 = 1 << 16;
 
 /// Upper limits on capacities, so that a typo cannot ask for terabytes at
 /// construction. Each is far above any engine we know of.
@@ -213,38 +243,41 @@ impl LeaseConfig {
             .saturating_add(shape.max_num_seqs)
             .min(limits::MAX_CAPACITY);
         LeaseConfig {
-            lease_duration_secs: 30,
-            decoder_kv_blocks_ttl_secs: 480,
+            lease_duration: Duration::from_secs(30),
+            decoder_kv_blocks_ttl: Duration::from_secs(480),
             verification: true,
             lease_slots: slots,
             lease_capacity: slots,
             max_request_id_len: 128,
             wheel_tick_ms: 10,
             max_hold_secs: None,
-            max_tracked_requests: slots,
+            max_tracked_requests: DEFAULT_MAX_TRACKED_REQUESTS,
             max_remote_engines: 64,
         }
     }
 
-    /// The initial lease P grants.
+    /// The initial lease P grants: `kv_lease_duration` exactly.
     pub fn lease_duration(&self) -> Duration {
-        Duration::from_secs(self.lease_duration_secs)
+        self.lease_duration
     }
 
-    /// How often D heartbeats an engine: `duration // 6` (vLLM), 5 s by default.
+    /// How often D heartbeats an engine: `duration // 6` (vLLM's floor
+    /// division, whole seconds), 5 s by default.
     pub fn heartbeat_interval(&self) -> Duration {
-        Duration::from_secs(self.lease_duration_secs / 6)
+        // u128 nanoseconds: exact, and no Duration (even Duration::MAX) can overflow it.
+        floor_secs(self.lease_duration.as_nanos(), 6)
     }
 
     /// How far a heartbeat pushes the expiry past `now`: `duration * 2 // 3`
-    /// (vLLM), 20 s by default.
+    /// (vLLM's floor division, whole seconds), 20 s by default.
     pub fn lease_extension(&self) -> Duration {
-        Duration::from_secs(self.lease_duration_secs * 2 / 3)
+        // Duration::MAX is under 2^64 * 10^9 < 2^94 ns, so doubling fits in u128.
+        floor_secs(self.lease_duration.as_nanos() * 2, 3)
     }
 
     /// The TTL of blocks cached on D in bidirectional mode.
     pub fn decoder_kv_blocks_ttl(&self) -> Duration {
-        Duration::from_secs(self.decoder_kv_blocks_ttl_secs)
+        self.decoder_kv_blocks_ttl
     }
 
     /// The ceiling on one lease's life under heartbeats, if any.
@@ -257,7 +290,10 @@ impl LeaseConfig {
         Duration::from_millis(u64::from(self.wheel_tick_ms))
     }
 
-    /// Checks every value against its documented range.
+    /// Checks every value against its documented range. A hand-built value
+    /// with an absurd duration (say `Duration::MAX`) is refused here; the
+    /// accessors above saturate rather than overflow, so even an unvalidated
+    /// config cannot make them panic.
     pub fn validate(&self) -> Result<(), ConfigError> {
         fn range(
             key: &'static str,
@@ -275,21 +311,34 @@ impl LeaseConfig {
             }
             Ok(())
         }
+        fn duration_range(
+            key: &'static str,
+            v: Duration,
+            lo: Duration,
+            rule: &'static str,
+        ) -> Result<(), ConfigError> {
+            if v < lo || v > Duration::from_secs(limits::MAX_DURATION_SECS) {
+                return Err(ConfigError::OutOfRange {
+                    key,
+                    value: secs_text(v),
+                    rule,
+                });
+            }
+            Ok(())
+        }
         use limits::*;
         let cap = u64::from(MAX_CAPACITY);
-        range(
+        duration_range(
             "kv_lease_duration",
-            self.lease_duration_secs,
-            MIN_LEASE_DURATION_SECS,
-            MAX_DURATION_SECS,
-            "must be 6..=315360000 seconds (under 6 the heartbeat interval duration // 6 is 0)",
+            self.lease_duration,
+            Duration::from_secs(MIN_LEASE_DURATION_SECS),
+            RULE_LEASE_DURATION,
         )?;
-        range(
+        duration_range(
             "decoder_kv_blocks_ttl",
-            self.decoder_kv_blocks_ttl_secs,
-            1,
-            MAX_DURATION_SECS,
-            "must be 1..=315360000 seconds",
+            self.decoder_kv_blocks_ttl,
+            Duration::from_nanos(1),
+            RULE_TTL,
         )?;
         range(
             "kv_lease_slots",
@@ -320,11 +369,11 @@ impl LeaseConfig {
             "must be 1..=1000 ms",
         )?;
         if let Some(h) = self.max_hold_secs {
-            range(
+            // Compared as durations: kv_lease_duration may have a fraction (45.5 s).
+            duration_range(
                 "kv_lease_max_hold",
-                h,
-                self.lease_duration_secs,
-                MAX_DURATION_SECS,
+                Duration::from_secs(h),
+                self.lease_duration,
                 "must be at least kv_lease_duration and at most 315360000 seconds",
             )?;
         }
@@ -352,8 +401,12 @@ impl LeaseConfig {
         json: &str,
         shape: EngineShape,
     ) -> Result<ParsedConfig, ConfigError> {
-        let value: Value = serde_json::from_str(json).map_err(|e| ConfigError::Json {
-            message: e.to_string(),
+        let value: Value = serde_json::from_str(json).map_err(|e| {
+            // serde_json refuses Python's NaN / Infinity tokens as a syntax error at a
+            // column; say which of our keys holds one instead.
+            non_finite_value(json).unwrap_or_else(|| ConfigError::Json {
+                message: e.to_string(),
+            })
         })?;
         LeaseConfig::from_extra_config_value(&value, shape)
     }
@@ -373,13 +426,19 @@ impl LeaseConfig {
         }
         let mut c = LeaseConfig::new(shape);
         let mut capacity_set = false;
-        let mut tracked_set = false;
         let mut unknown_keys = Vec::new();
         for (key, v) in obj {
             match key.as_str() {
-                "kv_lease_duration" => c.lease_duration_secs = uint("kv_lease_duration", v)?,
+                "kv_lease_duration" => {
+                    c.lease_duration = secs(
+                        "kv_lease_duration",
+                        v,
+                        limits::MIN_LEASE_DURATION_SECS as f64,
+                        RULE_LEASE_DURATION,
+                    )?
+                }
                 "decoder_kv_blocks_ttl" => {
-                    c.decoder_kv_blocks_ttl_secs = uint("decoder_kv_blocks_ttl", v)?
+                    c.decoder_kv_blocks_ttl = secs("decoder_kv_blocks_ttl", v, 0.0, RULE_TTL)?
                 }
                 "kv_lease_verification" => {
                     c.verification = v
@@ -401,12 +460,11 @@ impl LeaseConfig {
                     c.max_hold_secs = if v.is_null() {
                         None
                     } else {
-                        Some(uint("kv_lease_max_hold", v)?)
+                        Some(whole_secs("kv_lease_max_hold", v)?)
                     }
                 }
                 "kv_lease_max_tracked_requests" => {
-                    c.max_tracked_requests = u32_key("kv_lease_max_tracked_requests", v)?;
-                    tracked_set = true;
+                    c.max_tracked_requests = u32_key("kv_lease_max_tracked_requests", v)?
                 }
                 "kv_lease_max_remote_engines" => {
                     c.max_remote_engines = u32_key("kv_lease_max_remote_engines", v)?
@@ -417,9 +475,6 @@ impl LeaseConfig {
         // Capacities that default to the slot count follow an explicit kv_lease_slots.
         if !capacity_set {
             c.lease_capacity = c.lease_slots;
-        }
-        if !tracked_set {
-            c.max_tracked_requests = c.lease_capacity;
         }
         debug_assert!(unknown_keys
             .iter()
@@ -478,6 +533,157 @@ fn u32_key(key: &'static str, v: &Value) -> Result<u32, ConfigError> {
     u32::try_from(uint(key, v)?).map_err(|_| too_big(key, v))
 }
 
+const RULE_LEASE_DURATION: &str =
+    "must be 6..=315360000 seconds (under 6 the heartbeat interval duration // 6 is 0)";
+const RULE_TTL: &str = "must be more than 0 and at most 315360000 seconds";
+
+/// A duration in seconds as vLLM takes it: any JSON number (`30`, `30.0`,
+/// `3e1`, `45.5`) that is at least `min` (and more than 0), at most
+/// [`limits::MAX_DURATION_SECS`].
+fn secs(
+    key: &'static str,
+    v: &Value,
+    min: f64,
+    rule: &'static str,
+) -> Result<Duration, ConfigError> {
+    let out = |rule| ConfigError::OutOfRange {
+        key,
+        value: v.to_string(),
+        rule,
+    };
+    // u64 first: exact for integers past 2^53, where f64 would round.
+    let f = match (v.as_u64(), v.as_f64()) {
+        (Some(n), _) => n as f64,
+        (None, Some(f)) => f,
+        (None, None) => return Err(wrong(key, "a number of seconds", v)),
+    };
+    // serde_json never yields NaN or infinities, but a Value built by hand
+    // (from_extra_config_value) is not ours to trust.
+    if !f.is_finite() {
+        return Err(out("must be a finite number of seconds"));
+    }
+    if f < 0.0 || (f == 0.0 && f.is_sign_negative()) {
+        return Err(out("must not be negative"));
+    }
+    if f == 0.0 {
+        return Err(out("must be more than 0 seconds"));
+    }
+    if f < min || f > limits::MAX_DURATION_SECS as f64 {
+        return Err(out(rule));
+    }
+    if let Some(n) = v.as_u64() {
+        return Ok(Duration::from_secs(n));
+    }
+    Ok(duration_floor_from_secs_f64(f))
+}
+
+/// Whole seconds (ours, not vLLM's): a non-negative integer, or a float with
+/// no fraction (`600.0`, `6e2`), which JSON writers produce for integers.
+fn whole_secs(key: &'static str, v: &Value) -> Result<u64, ConfigError> {
+    if v.as_f64() == Some(0.0) {
+        // Quote the input (`0.0`, `-0.0`) rather than let validate() quote `0`.
+        return Err(ConfigError::OutOfRange {
+            key,
+            value: v.to_string(),
+            rule: "must be more than 0 seconds",
+        });
+    }
+    if let Some(n) = v.as_u64() {
+        return Ok(n);
+    }
+    match v.as_f64() {
+        Some(f) if f.is_finite() && f >= 0.0 && f.fract() == 0.0 => {
+            if f > limits::MAX_DURATION_SECS as f64 {
+                return Err(too_big(key, v));
+            }
+            // Whole and in range, so the cast is exact.
+            Ok(f as u64)
+        }
+        Some(f) if f.is_finite() && f >= 0.0 => Err(ConfigError::OutOfRange {
+            key,
+            value: v.to_string(),
+            rule: "must be whole seconds",
+        }),
+        _ => uint(key, v),
+    }
+}
+
+/// `secs` seconds as a [`Duration`], rounded *down* to the nanosecond: then
+/// `floor(d / 6 s)` and `floor(d * 2 / 3 s)` equal Python's `secs // 6` and
+/// `secs * 2 // 3` (a floor of a floor by a whole divisor is the floor, and
+/// `2 * floor(x)` can only miss `floor(2x)` by an odd count of nanoseconds,
+/// never a multiple of 3 s). `Duration::from_secs_f64` rounds to nearest,
+/// which could lift 5.9999999999 s to 6 s. Callers pass a finite
+/// `0 <= secs <= MAX_DURATION_SECS`.
+fn duration_floor_from_secs_f64(secs: f64) -> Duration {
+    let whole = secs.trunc();
+    // `secs - whole` is exact; the product can round up to 1e9 only for a
+    // fraction within 1e-16 of 1, which a value of at least 1 s cannot hold.
+    let nanos = ((secs - whole) * 1e9).floor().clamp(0.0, 999_999_999.0);
+    Duration::new(whole as u64, nanos as u32)
+}
+
+/// `nanos / (div seconds)` rounded down to whole seconds, saturating.
+fn floor_secs(nanos: u128, div: u128) -> Duration {
+    let s = nanos / (div * 1_000_000_000);
+    Duration::from_secs(u64::try_from(s).unwrap_or(u64::MAX))
+}
+
+/// A duration as seconds for an error message: `30`, `45.5`.
+fn secs_text(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        return d.as_secs().to_string();
+    }
+    let frac = format!("{:09}", d.subsec_nanos());
+    format!("{}.{}", d.as_secs(), frac.trim_end_matches('0'))
+}
+
+/// On a JSON syntax error: if one of our keys holds Python's `NaN`,
+/// `Infinity` or `-Infinity` (which `json.dumps` writes and JSON lacks), the
+/// error naming that key. A small scan outside strings; error path only.
+fn non_finite_value(json: &str) -> Option<ConfigError> {
+    let b = json.as_bytes();
+    let mut i = 0;
+    // The last string literal and whether only whitespace and one ':' followed it.
+    let mut last_str: Option<(usize, usize)> = None;
+    let mut colon_after = false;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                let start = i + 1;
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+                last_str = Some((start, i.min(b.len())));
+                colon_after = false;
+            }
+            b':' if last_str.is_some() && !colon_after => colon_after = true,
+            c if c.is_ascii_whitespace() => {}
+            _ => {
+                let rest = &json[i..];
+                let token = ["NaN", "Infinity", "-Infinity"]
+                    .into_iter()
+                    .find(|t| rest.starts_with(t));
+                if let (Some(token), true, Some((s, e))) = (token, colon_after, last_str) {
+                    // An unknown key with NaN is not ours to name: keep scanning.
+                    if let Some(key) = KNOWN_KEYS.iter().find(|k| k.as_bytes() == &b[s..e]) {
+                        return Some(ConfigError::OutOfRange {
+                            key,
+                            value: token.to_string(),
+                            rule: "must be a finite number (JSON has no NaN or Infinity)",
+                        });
+                    }
+                }
+                last_str = None;
+                colon_after = false;
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -502,6 +708,14 @@ mod tests {
         assert_eq!(c.lease_slots, 1024);
         assert_eq!(c.lease_capacity, 1024);
         assert_eq!(c.max_hold(), None);
+        assert_eq!(c.max_tracked_requests, DEFAULT_MAX_TRACKED_REQUESTS);
+        // D's tracking capacity does not follow P's slots (waiting requests hold none).
+        let c = parse(r#"{"kv_lease_slots": 7}"#).unwrap().config;
+        assert_eq!(c.max_tracked_requests, 65_536);
+        let c = parse(r#"{"kv_lease_max_tracked_requests": 9}"#)
+            .unwrap()
+            .config;
+        assert_eq!(c.max_tracked_requests, 9);
     }
 
     #[test]
@@ -530,7 +744,7 @@ mod tests {
                 "kv_connector_extra_config":{"kv_lease_duration":60,"kv_lease_slots":7}}"#,
         )
         .unwrap();
-        assert_eq!(p.config.lease_duration_secs, 60);
+        assert_eq!(p.config.lease_duration, Duration::from_secs(60));
         assert_eq!(p.config.lease_slots, 7);
         assert_eq!(
             p.config.lease_capacity, 7,
@@ -543,7 +757,7 @@ mod tests {
     fn unknown_keys_are_reported_sorted() {
         let p = parse(r#"{"kv_lease_duraton": 60, "backends": ["UCX"]}"#).unwrap();
         assert_eq!(p.unknown_keys, ["backends", "kv_lease_duraton"]);
-        assert_eq!(p.config.lease_duration_secs, 30);
+        assert_eq!(p.config.lease_duration, Duration::from_secs(30));
     }
 
     #[test]
@@ -557,10 +771,16 @@ mod tests {
                 "kv_lease_duration",
                 "\"30\"",
             ),
+            (r#"{"kv_lease_duration": 5.5}"#, "kv_lease_duration", "5.5"),
             (
-                r#"{"kv_lease_duration": 30.5}"#,
+                r#"{"kv_lease_max_hold": 600.5}"#,
+                "kv_lease_max_hold",
+                "600.5",
+            ),
+            (
+                r#"{"kv_lease_duration": true}"#,
                 "kv_lease_duration",
-                "30.5",
+                "true",
             ),
             (
                 r#"{"kv_lease_verification": "yes"}"#,
@@ -650,5 +870,126 @@ mod tests {
                 .max_hold(),
             None
         );
+    }
+
+    #[test]
+    fn config_accepts_float_durations_like_vllm() {
+        // (input, lease, interval = d // 6, extension = d * 2 // 3), as Python computes them.
+        for (d, lease_ms, interval, ext) in [
+            ("30.0", 30_000, 5, 20),
+            ("3e1", 30_000, 5, 20),
+            ("45.5", 45_500, 7, 30),
+            ("6.5", 6_500, 1, 4),
+            ("11.99", 11_990, 1, 7),
+            ("12.0", 12_000, 2, 8),
+        ] {
+            let c = parse(&format!(r#"{{"kv_lease_duration": {d}}}"#))
+                .unwrap_or_else(|e| panic!("{d}: {e}"))
+                .config;
+            assert_eq!(c.lease_duration(), Duration::from_millis(lease_ms), "{d}");
+            assert_eq!(c.heartbeat_interval(), Duration::from_secs(interval), "{d}");
+            assert_eq!(c.lease_extension(), Duration::from_secs(ext), "{d}");
+        }
+        let c = parse(r#"{"decoder_kv_blocks_ttl": 480.25, "kv_lease_max_hold": 6e2}"#)
+            .unwrap()
+            .config;
+        assert_eq!(c.decoder_kv_blocks_ttl(), Duration::from_millis(480_250));
+        assert_eq!(c.max_hold(), Some(Duration::from_secs(600)));
+        // Rounding down to the nanosecond: just under 6 s stays under the minimum.
+        assert!(parse(r#"{"kv_lease_duration": 5.9999999999}"#).is_err());
+        // A max_hold must cover the (fractional) lease it caps.
+        assert!(parse(r#"{"kv_lease_duration": 45.5, "kv_lease_max_hold": 45}"#).is_err());
+        assert!(parse(r#"{"kv_lease_duration": 45.5, "kv_lease_max_hold": 46}"#).is_ok());
+    }
+
+    #[test]
+    fn config_refuses_nan_inf_zero_negative() {
+        for key in [
+            "kv_lease_duration",
+            "decoder_kv_blocks_ttl",
+            "kv_lease_max_hold",
+        ] {
+            for v in [
+                "NaN",
+                "Infinity",
+                "-Infinity",
+                "0",
+                "0.0",
+                "-0.0",
+                "-1",
+                "-30.5",
+                "1e+300",
+            ] {
+                // Python's json.dumps writes NaN and Infinity; serde_json refuses the
+                // syntax, and the error must still say which key.
+                let input = format!(r#"{{"backends": ["UCX"], "{key}": {v}}}"#);
+                let err = parse(&input).unwrap_err();
+                let msg = err.to_string();
+                assert!(
+                    matches!(err, ConfigError::OutOfRange { key: k, .. } if k == key),
+                    "{input}: {err:?}"
+                );
+                assert!(msg.contains(key) && msg.contains(v), "{input}: {msg}");
+            }
+        }
+        // Not a known key: nothing to name, the JSON error stands.
+        assert!(matches!(
+            parse(r#"{"other": NaN}"#),
+            Err(ConfigError::Json { .. })
+        ));
+        // A hand-built Value cannot hold NaN either, but the check does not rely on it.
+        assert!(secs("kv_lease_duration", &Value::from(f64::NAN), 6.0, "").is_err());
+    }
+
+    #[test]
+    fn hand_built_config_with_huge_duration_never_panics() {
+        for huge in [
+            Duration::MAX,
+            Duration::from_secs(u64::MAX),
+            Duration::from_secs(u64::MAX / 2 + 1),
+        ] {
+            let mut c = LeaseConfig::new(SHAPE);
+            c.lease_duration = huge;
+            c.decoder_kv_blocks_ttl = huge;
+            c.max_hold_secs = Some(u64::MAX);
+            assert_eq!(c.lease_duration(), huge);
+            assert_eq!(c.heartbeat_interval().as_secs(), huge.as_secs() / 6);
+            assert_eq!(
+                u128::from(c.lease_extension().as_secs()),
+                u128::from(huge.as_secs()) * 2 / 3
+            );
+            assert_eq!(c.max_hold(), Some(Duration::from_secs(u64::MAX)));
+            assert!(matches!(
+                c.validate(),
+                Err(ConfigError::OutOfRange {
+                    key: "kv_lease_duration",
+                    ..
+                })
+            ));
+            // An unvalidated config still drives both sides without a panic.
+            let now = crate::Instant::from_secs(1);
+            let mut book = crate::LeaseBook::new(&c, now);
+            book.grant("req-a", now).unwrap();
+            let _ = book.on_notification(0, b"HB:req-a", now);
+            book.poll(crate::Instant::MAX);
+            assert_eq!(
+                book.held(),
+                1,
+                "a deadline past the end of time never fires"
+            );
+            let mut tracker = crate::consumer::HeartbeatTracker::new(&c);
+            let params = crate::consumer::RemotePrefillParams {
+                do_remote_prefill: true,
+                remote_engine_id: Some("p0"),
+                remote_request_id: Some("req-a"),
+                remote_host: Some("p0.local"),
+                remote_port: Some(5600),
+                tp_size: Some(1),
+                ..Default::default()
+            };
+            tracker.on_new_request("d-a", &params, now).unwrap();
+            assert_eq!(tracker.due(now, |_| {}), 1);
+            assert_eq!(tracker.due(crate::Instant::MAX, |_| {}), 1);
+        }
     }
 }

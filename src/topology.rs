@@ -23,6 +23,22 @@
 //! both heartbeat P rank 1; the second heartbeat only refreshes the same
 //! expiry again, which is harmless (the seed says so explicitly).
 //!
+//! # Read-done consumer counts: current vLLM, not the older world size
+//!
+//! A read-done is `<id>:<n>` ([`crate::wire`], form 2). We match **current
+//! vLLM** (`nixl/pull_worker.py`): `n` is the number of D ranks that read
+//! from the P rank receiving the notification, vLLM's `plan.local_consumers`,
+//! which is [`TpMapping::consumers_per_p_rank`]: 1 when D TP <= P TP, D TP /
+//! P TP otherwise. P counts read-dones per rank and releases a lease once
+//! every one of its ranks has seen its `n` ([`crate::LeaseBook::read_done`]).
+//!
+//! Some older vLLM releases sent D's world size instead and let P derive the
+//! per-rank count. A D of such a release talking to a kvlease P announces
+//! more consumers than will ever report on a rank (D TP 2 toward P TP 4: 2
+//! instead of 1), so the lease is never released by read-done: it expires
+//! once D stops heartbeating, within one extension. Blocks are freed late,
+//! never early. `tests/read_done_consumers.rs` checks both, over the wire.
+//!
 //! vLLM uses integer division and silently mis-maps sizes that do not divide;
 //! here a size that is zero or does not divide the other is a
 //! [`TopologyError`], as is a rank outside `0..local_tp`.
@@ -147,6 +163,22 @@ impl TpMapping {
         if self.ratio < 0 {
             // remote_tp / local_tp, which fits a u32.
             self.remote_tp / self.local_tp
+        } else {
+            1
+        }
+    }
+
+    /// How many local (D) ranks read from each remote (P) rank: `tp_ratio`
+    /// when it is positive (D TP / P TP), else 1.
+    ///
+    /// This is the `<n>` of the read-done `<id>:<n>` that each D rank sends
+    /// to each P rank it read from, current vLLM's `plan.local_consumers`,
+    /// and what P waits for per rank before it releases (see the module docs
+    /// on which vLLM release we match).
+    pub const fn consumers_per_p_rank(&self) -> u32 {
+        if self.ratio > 0 {
+            // local_tp / remote_tp, which fits a u32.
+            self.local_tp / self.remote_tp
         } else {
             1
         }
@@ -278,6 +310,31 @@ mod tests {
                 hits.iter().all(|&h| h == each),
                 "{local}/{remote}: {hits:?}"
             );
+        }
+    }
+
+    /// Current vLLM's `plan.local_consumers`, for (P TP, D TP): 1 when
+    /// D TP <= P TP, D TP / P TP otherwise; and it is exactly how many D
+    /// ranks have each P rank among their targets.
+    #[test]
+    fn consumers_per_p_rank_is_vllm_local_consumers() {
+        for (p_tp, d_tp, local_consumers) in [(2, 2, 1), (4, 2, 1), (2, 4, 2), (1, 8, 8), (8, 1, 1)]
+        {
+            let m = TpMapping::new(d_tp, p_tp).unwrap();
+            assert_eq!(
+                m.consumers_per_p_rank(),
+                local_consumers,
+                "P {p_tp} D {d_tp}"
+            );
+            for p in 0..p_tp {
+                let readers = (0..d_tp)
+                    .filter(|&r| m.targets(r).unwrap().any(|t| t == p))
+                    .count();
+                assert_eq!(
+                    readers, local_consumers as usize,
+                    "P {p_tp} D {d_tp} rank {p}"
+                );
+            }
         }
     }
 

@@ -30,9 +30,19 @@
 //! batch so that no message exceeds the fabric's limit). Every piece is itself
 //! a complete heartbeat, so a vLLM P accepts the split form unchanged.
 //!
-//! We are stricter than vLLM's P on one point: an empty id (`HB:`, `HB:a,,b`,
-//! `HB:a,`) is [`WireError::EmptyId`]. vLLM would look the empty id up, find
-//! nothing and ignore it; no conforming sender produces one.
+//! **Empty pieces are skipped, not fatal.** vLLM's D only checks that
+//! `remote_request_id` is not `None`, so an empty id from a router reaches its
+//! heartbeat set and `",".join` sends `HB:a,`, `HB:,a` or `HB:a,,b`. vLLM's P
+//! looks every piece up, renews what it holds and ignores the rest, so one
+//! bad piece costs nothing else. We decode the same way: such a message is a
+//! heartbeat whose ids ([`HeartbeatIds`]) are only the non-empty pieces, and
+//! [`HeartbeatIds::empty_pieces`] says how many pieces were empty, for P to
+//! count (a router or D bug worth a metric, not a lost heartbeat). `HB:`
+//! alone is a heartbeat with no ids and one empty piece (what vLLM's D sends
+//! for a batch holding only the empty id; `"".split(",")` is `[""]` in
+//! Python). Our encoders still refuse empty ids ([`check_heartbeat_id`]), so
+//! we never send an empty piece. A body that is not UTF-8 still fails the
+//! whole message ([`WireError::NotUtf8`]), as vLLM's `decode("utf-8")` does.
 //!
 //! ## 2. Read-done (vLLM)
 //!
@@ -42,8 +52,17 @@
 //!
 //! The id, `:` (`3a`), and the number of consumers the reader expects as a
 //! decimal `u32` of at least 1 (ASCII digits only; leading zeros are accepted,
-//! never written). The message is split at its **last** `:`, so ids may
+//! never written). The number is what **current vLLM** sends: how many D
+//! ranks read from the P rank that receives it (`plan.local_consumers`,
+//! [`crate::topology::TpMapping::consumers_per_p_rank`]), not D's world size
+//! as some older releases sent; see [`crate::topology`] for what an older D
+//! causes. The message is split at its **last** `:`, so ids may
 //! contain `:`: `cmpl-abc:0:2` is id `cmpl-abc:0` with 2 consumers.
+//!
+//! An empty id (`:1`, `:1:nonce=...`) is [`WireError::EmptyId`]. vLLM's P
+//! would look `""` up, find nothing and log "may have expired"; a read-done
+//! names a single id, so refusing it (the book counts it as malformed)
+//! loses nothing that vLLM would have acted on. The same holds for forms 3.
 //!
 //! ## 3. Read-done with nonce (the seed's addition)
 //!
@@ -70,7 +89,11 @@
 //! then 16 digits of the lease nonce (`u64`), most significant digit first.
 //! Encoders write lowercase; the decoder accepts either case. A body whose
 //! length is not a multiple of 24 is [`WireError::Truncated`]; a body with no
-//! records is [`WireError::NoEntries`]. Sent only to peers that advertise it
+//! records is [`WireError::NoEntries`]; one bad record fails the whole
+//! message. That strictness is deliberate, unlike the text form: `HBC:` is
+//! ours, only our encoder writes it, and it cannot write an empty or bad
+//! record, so a malformed body means a foreign or corrupted sender, and
+//! records after a framing error would be misaligned guesses. Sent only to peers that advertise it
 //! in the handshake ([`crate::fabric::PeerInfo::compact_heartbeats`]). The
 //! (slot, nonce) pair renews a lease in O(1) without hashing an id, and a
 //! heartbeat cannot renew a lease it does not hold the nonce of.
@@ -180,8 +203,9 @@ pub enum WireError {
     UnknownPrefix,
     /// A heartbeat or read-done is not valid UTF-8.
     NotUtf8,
-    /// A request id is empty: `HB:`, `HB:a,,b`, `HB:a,` or `:1`; or an
-    /// encoder was asked to send an empty id.
+    /// A read-done's request id is empty (`:1`); or an encoder was asked to
+    /// send an empty id. (An empty piece of a heartbeat is not an error: see
+    /// [`HeartbeatIds::empty_pieces`].)
     EmptyId,
     /// An id contains `,`, so it cannot be sent in a heartbeat (reported by
     /// [`check_heartbeat_id`]; the heartbeat encoder skips such ids, and the
@@ -283,13 +307,17 @@ pub struct CompactEntry {
 }
 
 /// The ids of a validated heartbeat, in message order. Borrowed; iterating
-/// allocates nothing. Every id is non-empty and free of `,`.
+/// allocates nothing. Every id yielded is non-empty and free of `,`: empty
+/// pieces of the message (`HB:a,,b`) are skipped, and counted in
+/// [`HeartbeatIds::empty_pieces`].
 #[derive(Clone)]
 pub struct HeartbeatIds<'a> {
-    /// The ids not yet yielded, still joined by `,`.
+    /// The ids not yet yielded, still joined by `,` (empty pieces included).
     rest: &'a str,
-    /// How many ids `rest` holds (counted during validation).
+    /// How many non-empty ids `rest` holds (counted during validation).
     remaining: usize,
+    /// Empty pieces in the whole message (fixed at decode).
+    empty_pieces: usize,
 }
 
 impl<'a> HeartbeatIds<'a> {
@@ -298,14 +326,23 @@ impl<'a> HeartbeatIds<'a> {
         self.remaining
     }
 
-    /// True once every id has been yielded (a freshly decoded heartbeat is
-    /// never empty).
+    /// True once every id has been yielded. A heartbeat may be empty from
+    /// the start: `HB:` or `HB:,` carry no id at all.
     pub fn is_empty(&self) -> bool {
         self.remaining == 0
     }
 
-    /// The ids not yet yielded, as they appear on the wire (`a,b,c`); for
-    /// logging.
+    /// How many pieces of the message, split on `,`, were empty: 1 for
+    /// `HB:a,`, `HB:,a`, `HB:a,,b` and `HB:`; 0 for a well-formed heartbeat.
+    /// A property of the whole message, unchanged by iteration. vLLM's P
+    /// ignores such pieces too; P should add this to a counter (it points at
+    /// a router dropping `remote_request_id` to `""`, or a D that sends it).
+    pub fn empty_pieces(&self) -> usize {
+        self.empty_pieces
+    }
+
+    /// The ids not yet yielded, as they appear on the wire (`a,b,c`, empty
+    /// pieces included); for logging.
     pub fn as_str(&self) -> &'a str {
         self.rest
     }
@@ -316,21 +353,30 @@ impl<'a> Iterator for HeartbeatIds<'a> {
 
     #[inline]
     fn next(&mut self) -> Option<&'a str> {
-        if self.remaining == 0 {
-            return None;
-        }
-        self.remaining -= 1;
-        // Validated: every id is non-empty and the separators are single
-        // commas, so the `get`s below always succeed (',' is ASCII, hence a
-        // char boundary); they are `get`s only to keep this panic-free.
-        match find_comma(self.rest.as_bytes()) {
-            Some(i) => {
-                let id = self.rest.get(..i).unwrap_or_default();
-                self.rest = self.rest.get(i + 1..).unwrap_or_default();
-                Some(id)
+        // `remaining` counts the non-empty pieces left in `rest`, so while it
+        // is positive a non-empty piece lies ahead and the loop ends on it;
+        // an empty piece costs one extra turn. The `get`s always succeed
+        // (',' is ASCII, hence a char boundary); they are `get`s only to
+        // keep this panic-free.
+        while self.remaining > 0 {
+            let id = match find_comma(self.rest.as_bytes()) {
+                Some(i) => {
+                    let id = self.rest.get(..i).unwrap_or_default();
+                    self.rest = self.rest.get(i + 1..).unwrap_or_default();
+                    id
+                }
+                None => core::mem::take(&mut self.rest),
+            };
+            if !id.is_empty() {
+                self.remaining -= 1;
+                return Some(id);
             }
-            None => Some(core::mem::take(&mut self.rest)),
+            if self.rest.is_empty() {
+                // Unreachable after validation; never loop on a broken count.
+                self.remaining = 0;
+            }
         }
+        None
     }
 
     #[inline]
@@ -343,9 +389,12 @@ impl ExactSizeIterator for HeartbeatIds<'_> {}
 impl core::iter::FusedIterator for HeartbeatIds<'_> {}
 
 impl PartialEq for HeartbeatIds<'_> {
-    /// Equal when the ids not yet yielded are equal, in order.
+    /// Equal when the ids not yet yielded are equal, in order, and the
+    /// messages had as many empty pieces.
     fn eq(&self, other: &Self) -> bool {
-        self.remaining == other.remaining && self.rest == other.rest
+        self.remaining == other.remaining
+            && self.empty_pieces == other.empty_pieces
+            && self.clone().eq(other.clone())
     }
 }
 impl Eq for HeartbeatIds<'_> {}
@@ -448,24 +497,25 @@ pub fn decode(msg: &[u8]) -> Result<Notification<'_>, WireError> {
 fn decode_heartbeat(body: &[u8]) -> Result<HeartbeatIds<'_>, WireError> {
     let body = core::str::from_utf8(body).map_err(|_| WireError::NotUtf8)?;
     let b = body.as_bytes();
-    // No empty id means: the body is non-empty, does not start or end with a
-    // comma, and has no two commas in a row. Both scans below are branch-free
-    // folds into byte-wide accumulators, which LLVM vectorises (16 bytes an
-    // instruction on baseline x86-64); splitting piece by piece, or counting
-    // into a usize, is 10-20x slower on 40-byte ids.
-    match (b.first(), b.last()) {
-        (Some(&first), Some(&last)) if first != b',' && last != b',' => {}
-        _ => return Err(WireError::EmptyId),
-    }
-    let doubled = b
-        .iter()
-        .zip(b.get(1..).unwrap_or_default())
-        .fold(0u8, |acc, (&x, &y)| {
-            acc | u8::from((x == b',') & (y == b','))
-        });
-    if doubled != 0 {
-        return Err(WireError::EmptyId);
-    }
+    // The body split on ',' has commas + 1 pieces. A piece is empty at the
+    // start (body empty or starting with ','), at the end (a non-empty body
+    // ending with ','), and between two commas in a row. The scans are
+    // branch-free folds into byte-wide accumulators, which LLVM vectorises
+    // (16 bytes an instruction on baseline x86-64); splitting piece by
+    // piece, or counting into a usize, is 10-20x slower on 40-byte ids.
+    let leading = usize::from(b.first().is_none_or(|&c| c == b','));
+    let trailing = usize::from(b.last() == Some(&b','));
+    let pairs = b.iter().zip(b.get(1..).unwrap_or_default());
+    let any_doubled = pairs.clone().fold(0u8, |acc, (&x, &y)| {
+        acc | u8::from((x == b',') & (y == b','))
+    });
+    // Counting the doubles only when there are some keeps the common,
+    // well-formed heartbeat at one OR-fold.
+    let doubled = if any_doubled == 0 {
+        0
+    } else {
+        pairs.filter(|&(&x, &y)| x == b',' && y == b',').count()
+    };
     // Blocks of 128 bytes, so a block's count fits its u8 accumulator.
     let commas: usize = b
         .chunks(128)
@@ -476,9 +526,12 @@ fn decode_heartbeat(body: &[u8]) -> Result<HeartbeatIds<'_>, WireError> {
             usize::from(n)
         })
         .sum();
+    let empty_pieces = leading + trailing + doubled;
     Ok(HeartbeatIds {
         rest: body,
-        remaining: commas + 1,
+        // Every piece is either empty or an id; the empties are a subset.
+        remaining: (commas + 1).saturating_sub(empty_pieces),
+        empty_pieces,
     })
 }
 
@@ -1105,6 +1158,80 @@ mod tests {
         assert_eq!(rd("x", u32::MAX, None), b"x:4294967295");
     }
 
+    // -- empty pieces: vLLM's P renews what it holds, ignores the rest -----
+
+    fn heartbeat_of(msg: &[u8]) -> HeartbeatIds<'_> {
+        match decode(msg) {
+            Ok(Notification::Heartbeat(ids)) => ids,
+            other => panic!("not a heartbeat: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn heartbeat_with_empty_pieces_keeps_its_ids() {
+        // (message, ids, empty pieces), as vLLM's P splits them.
+        let cases: [(&[u8], &[&str], usize); 8] = [
+            (b"HB:req-a,", &["req-a"], 1),
+            (b"HB:,req-a", &["req-a"], 1),
+            (b"HB:req-a,,req-b", &["req-a", "req-b"], 1),
+            (b"HB:,a,,,b,", &["a", "b"], 4),
+            (b"HB:a,b", &["a", "b"], 0),
+            (b"HB:a", &["a"], 0),
+            (b"HB:,,a", &["a"], 2),
+            (b"HB:\xc3\xa9,,\xf0\x9f\x98\x80,", &["é", "😀"], 2),
+        ];
+        for (msg, ids, empty) in cases {
+            let hb = heartbeat_of(msg);
+            assert_eq!(hb.empty_pieces(), empty, "{msg:?}");
+            assert_eq!(hb.len(), ids.len(), "{msg:?}");
+            assert_eq!(hb.clone().collect::<Vec<_>>(), ids, "{msg:?}");
+            // empty_pieces describes the message: iteration does not change it.
+            let mut it = hb.clone();
+            it.next();
+            assert_eq!(it.empty_pieces(), empty);
+            assert_eq!(it.len(), ids.len() - 1);
+        }
+        // Equality sees through the separators but not through the empties.
+        assert_eq!(heartbeat_of(b"HB:a,b"), heartbeat_of(b"HB:a,b"));
+        assert_ne!(heartbeat_of(b"HB:a,,b"), heartbeat_of(b"HB:a,b"));
+        assert_eq!(heartbeat_of(b"HB:a,,b"), heartbeat_of(b"HB:,a,b"));
+        // Encoders still refuse to write an empty piece.
+        let (msgs, stats) = collect_hb(&["a", "", "b"], 64);
+        assert_eq!(msgs, [b"HB:a,b".to_vec()]);
+        assert_eq!(stats.skipped, 1);
+    }
+
+    #[test]
+    fn bare_heartbeat_prefix_is_a_heartbeat_with_no_ids() {
+        // vLLM's D sends "HB:" for a batch holding only the empty id; its P
+        // looks "" up and ignores it. A heartbeat with no ids, one empty piece.
+        let hb = heartbeat_of(b"HB:");
+        assert!(hb.is_empty());
+        assert_eq!(hb.len(), 0);
+        assert_eq!(hb.empty_pieces(), 1);
+        assert_eq!(hb.clone().next(), None);
+        let hb = heartbeat_of(b"HB:,,");
+        assert_eq!((hb.len(), hb.empty_pieces()), (0, 3));
+        assert_eq!(hb.clone().count(), 0);
+    }
+
+    #[test]
+    fn other_forms_stay_strict_about_empty_fields() {
+        // Compact heartbeats are ours: no records, or a bad one, fails the message.
+        assert_eq!(decode(b"HBC:"), Err(WireError::NoEntries));
+        let good = "00000007000000000000000f";
+        let bad = format!("HBC:{good}{}", "z".repeat(24));
+        assert_eq!(decode(bad.as_bytes()), Err(WireError::BadSlot));
+        // A read-done names one id: an empty one is refused (vLLM drops it too).
+        assert_eq!(decode(b":1"), Err(WireError::EmptyId));
+        assert_eq!(
+            decode(b":2:nonce=00000000000000ff"),
+            Err(WireError::EmptyId)
+        );
+        // Not UTF-8 anywhere in a heartbeat still fails it whole, as vLLM's decode does.
+        assert_eq!(decode(b"HB:a,,\xff"), Err(WireError::NotUtf8));
+    }
+
     // -- one test per error variant ---------------------------------------
 
     #[test]
@@ -1128,15 +1255,8 @@ mod tests {
 
     #[test]
     fn error_empty_id() {
-        for m in [
-            &b"HB:"[..],
-            b"HB:a,,b",
-            b"HB:a,",
-            b"HB:,a",
-            b"HB:,",
-            b":1",
-            b":1:nonce=0000000000000001",
-        ] {
+        // Only a read-done's empty id is an error (heartbeats skip empty pieces).
+        for m in [&b":1"[..], b":1:nonce=0000000000000001"] {
             assert_eq!(decode(m), Err(WireError::EmptyId), "{m:?}");
         }
         let mut buf = [0u8; 64];
@@ -1785,7 +1905,16 @@ mod tests {
             if let Ok(n) = decode(&m) {
                 // Whatever decodes iterates fully.
                 match n {
-                    Notification::Heartbeat(ids) => assert!(ids.count() >= 1),
+                    Notification::Heartbeat(ids) => {
+                        // vLLM's P: the body split on ',', empty pieces ignored.
+                        let body = core::str::from_utf8(&m[3..]).unwrap();
+                        let pieces: Vec<&str> = body.split(',').collect();
+                        let want: Vec<&str> =
+                            pieces.iter().copied().filter(|p| !p.is_empty()).collect();
+                        assert_eq!(ids.len(), want.len(), "{m:?}");
+                        assert_eq!(ids.empty_pieces(), pieces.len() - want.len(), "{m:?}");
+                        assert_eq!(ids.collect::<Vec<_>>(), want, "{m:?}");
+                    }
                     Notification::CompactHeartbeat(e) => assert!(e.count() >= 1),
                     Notification::ReadDone(r) => assert!(r.consumers >= 1),
                 }

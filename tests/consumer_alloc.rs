@@ -2,7 +2,9 @@
 //! steps (requests arriving with and without leases, finishing and
 //! completing; engines appearing, disappearing and being refused when full;
 //! tracker `due` feeding two D ranks' senders over P TP 1, 2 and 4 with
-//! deferred, failing and compact peers) allocate exactly nothing.
+//! deferred, failing and compact peers) allocate exactly nothing. Also
+//! measures what the tracker reserves at construction per tracked request,
+//! the figure the README gives for `kv_lease_max_tracked_requests`.
 //!
 //! A counting `#[global_allocator]` counts allocations made on the test's
 //! own thread while armed (a thread-local flag, so the harness's threads do
@@ -225,5 +227,43 @@ fn steady_state_d_steps_allocate_nothing() {
         (allocs, bytes),
         (0, 0),
         "steady-state D steps allocated {allocs} times ({bytes} bytes)"
+    );
+}
+
+/// The README's memory figure for D's tracking capacity: what
+/// `HeartbeatTracker::new` allocates per tracked request (the slope between
+/// two capacities, so the per-engine part cancels) and in all with the
+/// default config (65,536 requests, 64 engines, 128-byte ids).
+#[test]
+fn tracker_memory_per_request_matches_the_readme() {
+    let shape = EngineShape {
+        num_kv_blocks: 1024,
+        max_num_seqs: 64,
+    };
+    let bytes = |requests: u32, max_id_len: u16| {
+        let mut c = LeaseConfig::new(shape);
+        c.max_tracked_requests = requests;
+        c.max_request_id_len = max_id_len;
+        c.validate().unwrap();
+        let (tracker, counts) = count_allocs(|| HeartbeatTracker::new(&c));
+        drop(tracker);
+        counts.bytes
+    };
+    let default = LeaseConfig::new(shape);
+    assert_eq!(default.max_tracked_requests, 65_536);
+    assert_eq!(default.max_request_id_len, 128);
+    let per_request =
+        |id_len| (bytes(2 * 65_536, id_len) - bytes(65_536, id_len)) as f64 / 65_536.0;
+    // README, "Configuration": about 375 B per request (128-byte ids), 183 B
+    // with ids of at most 64 bytes; 24.7 MB for the default.
+    let (p128, p64) = (per_request(128), per_request(64));
+    assert!((370.0..=380.0).contains(&p128), "{p128} B per request");
+    assert!((180.0..=186.0).contains(&p64), "{p64} B per request");
+    let (tracker, total) = count_allocs(|| HeartbeatTracker::new(&default));
+    drop(tracker);
+    assert!(
+        (24_000_000..=25_000_000).contains(&total.bytes),
+        "{} B for the default",
+        total.bytes
     );
 }

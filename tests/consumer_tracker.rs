@@ -670,3 +670,42 @@ fn hostile_inputs_never_panic() {
     let c = t.counters();
     assert!(c.started > 0 && c.refused_bad_param > 0 && c.missing_params > 0);
 }
+
+/// vLLM's D queue is unbounded and a waiting request holds no KV block on D,
+/// so D's tracking capacity cannot follow D's block count: a burst of 600
+/// waiting requests toward each of 4 P engines (2,400, more than the 1,088
+/// blocks + seqs of this engine) is heartbeated in full with the defaults.
+#[test]
+fn default_config_tracks_4_engines_x_600_waiting_requests() {
+    let shape = EngineShape {
+        num_kv_blocks: 1024,
+        max_num_seqs: 64,
+    };
+    let from_json = LeaseConfig::from_extra_config_json("{}", shape)
+        .unwrap()
+        .config;
+    for config in [LeaseConfig::new(shape), from_json] {
+        let mut t = HeartbeatTracker::new(&config);
+        let engines = ["p0", "p1", "p2", "p3"];
+        for (e, engine) in engines.iter().enumerate() {
+            for i in 0..600 {
+                let (d, p) = (format!("d-{e}-{i}"), format!("cmpl-{e}-{i}-0"));
+                assert_eq!(
+                    t.on_new_request(&d, &params(engine, &p), T0),
+                    Ok(TrackOutcome::Started),
+                    "{d}"
+                );
+            }
+        }
+        assert_eq!(t.len(), 2_400);
+        assert_eq!(t.counters().not_heartbeated, 0);
+        let mut per_engine = BTreeMap::new();
+        t.due(T0, |b: EngineBatch<'_>| {
+            per_engine.insert(b.key().engine_id.to_string(), b.len());
+        });
+        assert_eq!(
+            per_engine,
+            engines.iter().map(|e| (e.to_string(), 600)).collect()
+        );
+    }
+}

@@ -4,8 +4,9 @@
 //! 1. as a notification: `decode` must not panic; its verdict must agree with
 //!    a deliberately naive reference decoder (std parsing, no SWAR); whatever
 //!    decodes is re-encoded and must decode to the same value (and, for text
-//!    heartbeats, to the very same bytes), also when re-split under a smaller
-//!    message limit;
+//!    heartbeats without empty pieces, to the very same bytes; with them, to
+//!    the same ids without the empty pieces, which encoders never write),
+//!    also when re-split under a smaller message limit;
 //! 2. as a batch of heartbeat ids (lines of the input) under a message limit
 //!    taken from its first byte: the messages must fit, and their ids,
 //!    concatenated, must be exactly the encodable input ids in order;
@@ -27,14 +28,17 @@ fuzz_target!(|data: &[u8]| {
 /// What a message means, in owned, obviously-correct terms.
 #[derive(Debug, PartialEq, Eq)]
 enum Meaning {
-    Heartbeat(Vec<String>),
+    /// The non-empty ids, and how many pieces were empty (vLLM's P skips them).
+    Heartbeat(Vec<String>, usize),
     Compact(Vec<(u32, u64)>),
     ReadDone(String, u32, Option<u64>),
 }
 
 fn meaning(n: &Notification<'_>) -> Meaning {
     match n {
-        Notification::Heartbeat(ids) => Meaning::Heartbeat(ids.clone().map(String::from).collect()),
+        Notification::Heartbeat(ids) => {
+            Meaning::Heartbeat(ids.clone().map(String::from).collect(), ids.empty_pieces())
+        }
         Notification::CompactHeartbeat(e) => {
             Meaning::Compact(e.clone().map(|e| (e.slot, e.nonce.get())).collect())
         }
@@ -65,12 +69,16 @@ fn reference(msg: &[u8]) -> Option<Meaning> {
         return Some(Meaning::Compact(out));
     }
     if let Some(body) = msg.strip_prefix(HEARTBEAT_PREFIX) {
+        // vLLM's P: split on ',', renew what it holds, ignore empty pieces.
         let text = std::str::from_utf8(body).ok()?;
-        let ids: Vec<String> = text.split(',').map(String::from).collect();
-        if ids.iter().any(String::is_empty) {
-            return None;
-        }
-        return Some(Meaning::Heartbeat(ids));
+        let pieces: Vec<&str> = text.split(',').collect();
+        let ids: Vec<String> = pieces
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| p.to_string())
+            .collect();
+        let empty = pieces.len() - ids.len();
+        return Some(Meaning::Heartbeat(ids, empty));
     }
     let text = std::str::from_utf8(msg).ok()?;
     let (head, last) = text.rsplit_once(':')?;
@@ -116,10 +124,23 @@ fn check_decode(data: &[u8]) {
 
     match n {
         Notification::Heartbeat(ids) => {
-            // At the message's own length: one message, the same bytes.
+            // At the message's own length: one message, the same bytes when
+            // there were no empty pieces; else the canonical form (no empty
+            // pieces; nothing at all when no id was left).
             let msgs = encode_hb(ids.clone(), data.len());
-            assert_eq!(msgs.0, [data.to_vec()]);
             assert_eq!(msgs.1.skipped, 0);
+            if ids.empty_pieces() == 0 {
+                assert_eq!(msgs.0, [data.to_vec()]);
+            } else if ids.is_empty() {
+                assert!(msgs.0.is_empty());
+            } else {
+                let canonical = format!("HB:{}", ids.clone().collect::<Vec<_>>().join(","));
+                assert_eq!(msgs.0, [canonical.into_bytes()]);
+                match wire::decode(&msgs.0[0]) {
+                    Ok(Notification::Heartbeat(again)) => assert_eq!(again.empty_pieces(), 0),
+                    other => panic!("re-encoded heartbeat decodes to {other:?}"),
+                }
+            }
             // Under a tighter limit: split, same ids in order.
             let longest = ids.clone().map(str::len).max().unwrap_or(1);
             let limit = (longest + 3).max(data.len() / 3);

@@ -43,6 +43,10 @@
 //! a [`TrackError`] and bumps a counter in [`TrackerCounters`]: the request
 //! is then **not heartbeated**, so P keeps its blocks only for the initial
 //! lease ([`TrackerCounters::not_heartbeated`] is the number to alert on).
+//! The request capacity counts *waiting* requests too (tracking starts on
+//! arrival, and vLLM's queue is unbounded), which is why its default,
+//! [`crate::config::DEFAULT_MAX_TRACKED_REQUESTS`] (65,536, about 375 bytes
+//! each), is not derived from D's KV blocks.
 //!
 //! # Grouping and due times
 //!
@@ -178,7 +182,12 @@ pub enum ParamProblem {
 /// heartbeated; each variant bumps a [`TrackerCounters`] field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TrackError {
-    /// `max_tracked_requests` requests are tracked already.
+    /// `max_tracked_requests` (`kv_lease_max_tracked_requests`) requests are
+    /// tracked already. Counted in [`TrackerCounters::refused_requests_full`]
+    /// and [`TrackerCounters::not_heartbeated`]. Degraded behaviour: the
+    /// request still runs, but P frees its blocks when the initial lease
+    /// runs out; if D reads later, lease verification fails the KV load
+    /// (`kv_load_failure_policy` applies). Log it and raise the capacity.
     RequestsFull {
         /// The capacity.
         capacity: u32,

@@ -77,7 +77,7 @@ pub fn lease_config() -> LeaseConfig {
         num_kv_blocks: 24,
         max_num_seqs: 8,
     });
-    c.lease_duration_secs = 6;
+    c.lease_duration = Duration::from_secs(6);
     c.validate().expect("6 s leases are valid");
     c
 }
