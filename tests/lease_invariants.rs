@@ -404,3 +404,56 @@ fn read_done_notifications_release_through_the_inbox() {
     assert!(book.on_notification(0, b"", secs(1)).is_err());
     assert_eq!(book.counters().malformed_notifications, 2);
 }
+
+/// Issue 8, item 1: vLLM's D can send `HB:a,,b` (an empty remote id from a
+/// router); vLLM's P renews what it holds. One bad piece must not lapse the
+/// leases of every other request of that D.
+#[test]
+fn one_empty_id_does_not_cost_the_whole_heartbeat() {
+    let mut book = book_with_ranks(4, 8, 1);
+    book.grant("req-a", T0).unwrap();
+    book.grant("req-b", T0).unwrap();
+    for (msg, empty) in [
+        (&b"HB:req-a,,req-b"[..], 1),
+        (b"HB:,req-a,req-b", 1),
+        (b"HB:req-a,req-b,", 1),
+    ] {
+        let before = book.counters().heartbeat_empty_ids;
+        let s = book.on_notification(0, msg, secs(20)).expect("a heartbeat");
+        assert_eq!((s.renewed, s.ignored), (2, 0), "{msg:?}");
+        assert_eq!(book.counters().heartbeat_empty_ids - before, empty, "{msg:?}");
+    }
+    // Renewed at 20 s to 20 + extension (20 s): not expired at 39 s.
+    book.poll(secs(39));
+    assert_eq!(book.held(), 2);
+    assert_eq!(book.expiry("req-a"), Some(secs(40)));
+}
+
+/// Issue 8, item 5: an id granted again before its old release is drained
+/// would make `Released` ambiguous (an engine freeing blocks by id frees the
+/// new request's blocks while the new slot still verifies). The re-grant is
+/// refused until the drain, and the report names its lease by nonce.
+#[test]
+fn regrant_before_drain_is_refused_and_the_release_names_its_lease() {
+    let mut book = book_with_ranks(4, 8, 1);
+    let first = book.grant("X", T0).unwrap();
+    book.poll(secs(30));
+    assert_eq!(book.pending_releases(), 1, "X expired at 30 s");
+    assert_eq!(
+        book.grant("X", secs(30)),
+        Err(kvlease::GrantError::ReleasePending)
+    );
+    assert_eq!(book.counters().grant_refused_release_pending, 1);
+    let mut drained = Vec::new();
+    book.drain_released(|r| {
+        drained.push((r.request_id.to_string(), r.reason, r.nonce));
+        if let Some(t) = r.slot {
+            // The engine frees the blocks, then gives the slot back.
+            std::mem::forget(t);
+        }
+    });
+    assert_eq!(drained, [("X".to_string(), ReleaseReason::Expired, first.nonce)]);
+    let second = book.grant("X", secs(30)).expect("granted after the drain");
+    assert_ne!(second.nonce, first.nonce);
+    assert_eq!(book.expiry("X"), Some(secs(60)));
+}

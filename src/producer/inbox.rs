@@ -39,6 +39,9 @@ impl PrefillRank {
         let mut summary = InboxSummary::default();
         match decoded {
             Notification::Heartbeat(ids) => {
+                // vLLM renews every id it holds and ignores empty pieces
+                // (`HB:a,,b`): one bad id must not cost the others.
+                self.note_empty_ids(ids.empty_pieces() as u32);
                 let (renewed, ignored) = self.renew_all(ids.map(str::as_bytes), now);
                 summary.renewed = renewed;
                 summary.ignored = ignored;

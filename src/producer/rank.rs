@@ -702,7 +702,6 @@ impl PrefillRank {
         self.counters.malformed_notifications += 1;
     }
 
-    #[allow(dead_code)] // wired to the wire codec's empty-piece count
     pub(crate) fn note_empty_ids(&mut self, n: u32) {
         self.counters.heartbeat_empty_ids += u64::from(n);
     }
