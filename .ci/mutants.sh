@@ -8,6 +8,9 @@
 #   reuse_before_free     the scheduler returns a slot before the engine freed the blocks
 #   free_on_first_report  the scheduler frees blocks when one rank of several reported
 #
+# The loom model of the roles across threads (loom_tests/roles.rs) must fail
+# on zero_after_report too: there the late zero races a decoder's slot READ.
+#
 # Own target dir: the cfg rebuilds everything and must not evict the normal build.
 set -uo pipefail
 cd "$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)"
@@ -27,4 +30,16 @@ for m in zero_after_report reuse_before_free free_on_first_report; do
         status=1
     fi
 done
+log=target/mutants/loom_zero_after_report.log
+if RUSTFLAGS='--cfg loom --cfg kvlease_mutant="zero_after_report"' LOOM_MAX_PREEMPTIONS=3 \
+    CARGO_TARGET_DIR=target/loom-mutant cargo test --release --test loom_roles >"$log" 2>&1; then
+    echo "MUTANT SURVIVED: zero_after_report under loom (see ${log})"
+    status=1
+elif grep -q "verified a READ of reused blocks" "$log"; then
+    echo "mutant zero_after_report caught by loom: a decoder verified a READ of reused blocks"
+else
+    echo "loom mutant run failed without the expected failure (see ${log})"
+    tail -20 "$log"
+    status=1
+fi
 exit $status

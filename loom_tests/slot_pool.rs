@@ -90,7 +90,7 @@ fn reader_sees_old_nonce_only_with_old_block() {
         let mut book = LeaseBook::new(&config, Instant::ZERO);
         let block = Arc::new(AtomicU64::new(OLD)); // prefill wrote the KV
         let g = book.grant("req-a", Instant::ZERO).unwrap();
-        let (slot, nonce) = g.lease_fields().unwrap();
+        let kvlease::LeaseFields { slot, nonce } = g.lease_fields().unwrap();
         let slots: StdArc<_> = book.rank_slots(0).unwrap().clone();
 
         let reader = {

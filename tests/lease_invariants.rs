@@ -421,7 +421,11 @@ fn one_empty_id_does_not_cost_the_whole_heartbeat() {
         let before = book.counters().heartbeat_empty_ids;
         let s = book.on_notification(0, msg, secs(20)).expect("a heartbeat");
         assert_eq!((s.renewed, s.ignored), (2, 0), "{msg:?}");
-        assert_eq!(book.counters().heartbeat_empty_ids - before, empty, "{msg:?}");
+        assert_eq!(
+            book.counters().heartbeat_empty_ids - before,
+            empty,
+            "{msg:?}"
+        );
     }
     // Renewed at 20 s to 20 + extension (20 s): not expired at 39 s.
     book.poll(secs(39));
@@ -452,7 +456,10 @@ fn regrant_before_drain_is_refused_and_the_release_names_its_lease() {
             std::mem::forget(t);
         }
     });
-    assert_eq!(drained, [("X".to_string(), ReleaseReason::Expired, first.nonce)]);
+    assert_eq!(
+        drained,
+        [("X".to_string(), ReleaseReason::Expired, first.nonce)]
+    );
     let second = book.grant("X", secs(30)).expect("granted after the drain");
     assert_ne!(second.nonce, first.nonce);
     assert_eq!(book.expiry("X"), Some(secs(60)));

@@ -1,0 +1,186 @@
+//! Proof of the step contract for the split P roles: after construction,
+//! 50,000 engine steps of a scheduler and two ranks that talk only through
+//! role-message bytes (directives encoded and decoded, reports encoded and
+//! decoded), with assigns, starts, grants, cancels, text and compact
+//! heartbeats that reach one rank or both, read-dones, expiries, drains and
+//! slot reuse, make exactly 0 heap allocations.
+//!
+//! The counting allocator (tests/support/counting_alloc.rs) counts only on
+//! the thread that armed it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvlease::{
+    EngineShape, Instant, LeaseConfig, LeaseSlots, PrefillRank, PrefillScheduler, SlotTicket,
+};
+
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
+
+use counting_alloc::{count_allocs, CountingAlloc};
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+const STEPS: u64 = 50_000;
+const IDS: usize = 1024;
+
+#[test]
+fn split_p_roles_allocate_nothing_after_construction() {
+    // --- construction: allowed to allocate ---
+    let mut config = LeaseConfig::new(EngineShape {
+        num_kv_blocks: 384,
+        max_num_seqs: 0,
+    });
+    config.lease_capacity = 512;
+    config.validate().unwrap();
+    let mut sched = PrefillScheduler::new(&config, 2, Instant::ZERO).unwrap();
+    let mut ranks: Vec<PrefillRank> = (0..2)
+        .map(|r| {
+            PrefillRank::new(
+                &config,
+                r,
+                Arc::new(LeaseSlots::new(config.lease_slots)),
+                Instant::ZERO,
+            )
+            .unwrap()
+        })
+        .collect();
+    let ids: Vec<String> = (0..IDS).map(|i| format!("cmpl-{i:032x}-0")).collect();
+    let mut nonces = vec![None; IDS];
+    let mut slots = vec![None; IDS];
+    // Heartbeats as they come off the wire: 64 ids each, plus unknown ones
+    // and an empty piece. Only the first quarter is heartbeated.
+    let heartbeats: Vec<String> = ids[..IDS / 4]
+        .chunks(64)
+        .map(|c| format!("HB:{},unknown-a,,unknown-b", c.join(",")))
+        .collect();
+    let mut compact = vec![0u8; 4 + 24 * 64];
+    let mut dir_buf = vec![0u8; 1 << 20];
+    let mut rep_buf = vec![0u8; ranks[0].max_reports_len()];
+    let mut read_done = [0u8; 128];
+    let mut freed: Vec<SlotTicket> = Vec::with_capacity(4096);
+    let mut reported = 0u64;
+
+    // --- steady state: must not allocate ---
+    counting_alloc::self_check();
+    let ((), counts) = count_allocs(|| {
+        let mut now = Instant::ZERO;
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..STEPS {
+            now = now + Duration::from_millis(40);
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let k = (rng % IDS as u64) as usize;
+            let id = ids[k].as_str();
+            // Scheduler side of the step.
+            match step % 6 {
+                0 | 1 => {
+                    if let Ok(g) = sched.grant(id, now) {
+                        nonces[k] = Some(g.nonce);
+                        slots[k] = g.slot;
+                    }
+                }
+                2 => {
+                    if let Ok(a) = sched.assign(id, now) {
+                        nonces[k] = Some(a.nonce);
+                        slots[k] = a.fields.map(|f| f.slot);
+                    }
+                }
+                3 => {
+                    let _ = sched.start(id, now);
+                }
+                4 => {
+                    sched.cancel(id);
+                }
+                _ => {}
+            }
+            let n = sched.encode_directives(now, &mut dir_buf).unwrap();
+            // Worker side: directives, notifications, poll, reports.
+            for (r, rank) in ranks.iter_mut().enumerate() {
+                rank.apply_directives(&dir_buf[..n], now).unwrap();
+                // Half the heartbeats are lost on rank 1.
+                if r == 0 || rng & 1 == 0 {
+                    let hb = &heartbeats[k % heartbeats.len()];
+                    let _ = rank.on_notification(hb.as_bytes(), now);
+                }
+                if let (Some(s), Some(nonce)) = (slots[k], nonces[k]) {
+                    compact[..4].copy_from_slice(b"HBC:");
+                    let rec = format_compact(s, nonce.get());
+                    for c in 0..64 {
+                        compact[4 + 24 * c..4 + 24 * (c + 1)].copy_from_slice(&rec);
+                    }
+                    let _ = rank.on_notification(&compact, now);
+                }
+                if step % 7 == 0 {
+                    if let Some(nonce) = nonces[k] {
+                        let len =
+                            kvlease::wire::encode_read_done(id, 1, Some(nonce), &mut read_done)
+                                .unwrap();
+                        let _ = rank.on_notification(&read_done[..len], now);
+                    }
+                }
+                let _ = rank.on_notification(b"HBC:not-hex", now);
+                rank.poll(now);
+                let m = rank.encode_reports(&mut rep_buf).unwrap();
+                sched.apply_reports(r as u32, &rep_buf[..m]).unwrap();
+            }
+            sched.drain_released(|rel| {
+                reported += 1;
+                if let Some(t) = rel.slot {
+                    freed.push(t);
+                }
+            });
+            if freed.len() > 16 {
+                while let Some(t) = freed.pop() {
+                    sched.blocks_freed(t);
+                }
+            }
+        }
+    });
+    let (allocs, bytes) = (counts.allocs, counts.bytes);
+
+    let c = *sched.counters();
+    let r0 = *ranks[0].counters();
+    let r1 = *ranks[1].counters();
+    assert!(c.granted > 5_000, "{c:?}");
+    assert!(
+        c.released_read > 100 && c.expired > 100 && c.cancelled > 100,
+        "{c:?}"
+    );
+    assert!(c.slots_returned > 1_000, "{c:?}");
+    assert!(
+        r0.renewed > 10_000 && r0.heartbeat_empty_ids > 1_000,
+        "{r0:?}"
+    );
+    assert!(
+        r0.renewed > r1.renewed,
+        "rank 1 lost heartbeats: {r0:?} {r1:?}"
+    );
+    assert!(
+        r0.read_done > 100 && r0.directives_applied > 10_000,
+        "{r0:?}"
+    );
+    assert_eq!(reported, c.reported);
+    println!(
+        "roles_alloc: {STEPS} steps of a scheduler and 2 ranks over bytes, {} grants, \
+         {} expiries, {} directives: {allocs} allocations, {bytes} bytes",
+        c.granted, c.expired, c.directives_sent
+    );
+    assert_eq!((allocs, bytes), (0, 0), "steady-state role steps allocated");
+}
+
+/// One compact record, without allocating: 8 hex digits of slot, 16 of nonce.
+fn format_compact(slot: u32, nonce: u64) -> [u8; 24] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 24];
+    for i in 0..8 {
+        out[i] = HEX[((slot >> (28 - 4 * i)) & 0xF) as usize];
+    }
+    for i in 0..16 {
+        out[8 + i] = HEX[((nonce >> (60 - 4 * i)) & 0xF) as usize];
+    }
+    out
+}
