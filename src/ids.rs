@@ -128,6 +128,20 @@ impl IdIndex {
         (c != EMPTY && tag(c) == tag_of(h)).then_some(cell_entry(c))
     }
 
+    /// Starts loading the home cell of `h` without waiting for it.
+    #[inline]
+    pub(crate) fn prefetch(&self, h: u64) {
+        crate::prefetch::prefetch(&self.cells[(h as usize) & self.mask]);
+    }
+
+    /// The entry in the home cell of `h` when its tag matches: the likely
+    /// answer of [`IdIndex::find`], read without waiting on anything else.
+    #[inline]
+    pub(crate) fn home_candidate(&self, h: u64) -> Option<u32> {
+        let c = self.cells[(h as usize) & self.mask];
+        (c != EMPTY && tag(c) == tag_of(h)).then_some(cell_entry(c))
+    }
+
     /// Indexes `entry` under hash `h`. The caller has checked (with
     /// [`IdIndex::find`]) that the id is not indexed yet. The load factor
     /// bound means an empty cell always exists.

@@ -98,6 +98,7 @@ pub use config::{ConfigError, EngineShape, LeaseConfig, ParsedConfig};
 pub use fabric::{Fabric, FabricError};
 pub use time::{Instant, MonotonicClock};
 pub mod nonce;
+mod prefetch;
 pub mod producer;
 pub mod slot_pool;
 pub mod slots;

@@ -121,6 +121,8 @@ pub struct PrefillRank {
     extension_ns: u64,
     max_len: usize,
     lines: LeaseLines,
+    /// Most leases held at once (`kv_lease_capacity`): what the index is sized for.
+    capacity: u32,
     /// Each held entry's id hash: the index's backward shift needs the home
     /// of the entries it moves, and rehashing ids there would cost a miss each.
     hashes: Box<[u64]>,
@@ -170,7 +172,10 @@ impl PrefillRank {
             holds: vec![u64::MAX; entries as usize].into_boxed_slice(),
             holds_in_use: false,
             reads: vec![0; entries as usize].into_boxed_slice(),
-            index: IdIndex::new(entries, crate::nonce::entropy_u64()),
+            // Sized for the leases that can be live (not for every entry):
+            // half the cells, half the cache and TLB footprint per lookup.
+            index: IdIndex::new(config.lease_capacity, crate::nonce::entropy_u64()),
+            capacity: config.lease_capacity,
             // The near level covers the longest lease a grant or a renewal
             // sets, so leases are placed at their exact tick and never cascade.
             wheel: TimerWheel::new(
@@ -316,6 +321,12 @@ impl PrefillRank {
             self.wheel.cancel(other);
             self.release(other, ReleaseReason::Cancelled);
         }
+        if self.held >= self.capacity {
+            // A scheduler never has more than kv_lease_capacity leases live;
+            // more can only come from a confused sender. Refusing keeps the
+            // index under its load bound.
+            return DirectiveOutcome::Refused;
+        }
         let e = d.entry;
         let (state, deadline) = match d.lease_remaining {
             Some(r) => (HELD, (now + r).as_nanos()),
@@ -420,9 +431,10 @@ impl PrefillRank {
     /// Renews every id of a heartbeat, as [`PrefillRank::renew`] would one by
     /// one; returns (renewed, ignored). Capped renewals count as renewed.
     ///
-    /// Ids go in batches of 64: every id is hashed and its index cell and
-    /// lease line are loaded before any is renewed, so the batch's cache
-    /// misses overlap instead of being paid one after another.
+    /// Ids go in batches of 64, in three passes: hash every id and prefetch
+    /// its index cell; read the cells and prefetch the candidates' lease
+    /// lines; then renew. A batch's cache misses are in flight together
+    /// instead of being paid one after another.
     pub fn renew_all<'a>(
         &mut self,
         ids: impl IntoIterator<Item = &'a [u8]>,
@@ -436,14 +448,17 @@ impl PrefillRank {
             let mut n = 0;
             for id in ids.by_ref().take(BATCH) {
                 let h = self.index.hash(id);
-                if let Some(e) = self.index.warm(h) {
-                    self.lines.warm(e);
-                }
+                self.index.prefetch(h);
                 batch[n] = (id, h);
                 n += 1;
             }
             if n == 0 {
                 return (renewed, ignored);
+            }
+            for &(_, h) in &batch[..n] {
+                if let Some(e) = self.index.home_candidate(h) {
+                    self.lines.prefetch(e);
+                }
             }
             for &(id, h) in &batch[..n] {
                 let found = if id.is_empty() || id.len() > self.max_len {
@@ -500,7 +515,7 @@ impl PrefillRank {
         loop {
             let mut n = 0;
             for e in entries.by_ref().take(BATCH) {
-                self.lines.warm(e.0);
+                self.lines.prefetch(e.0);
                 batch[n] = e;
                 n += 1;
             }
