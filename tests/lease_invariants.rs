@@ -449,13 +449,15 @@ fn regrant_before_drain_is_refused_and_the_release_names_its_lease() {
     );
     assert_eq!(book.counters().grant_refused_release_pending, 1);
     let mut drained = Vec::new();
+    let mut tickets = Vec::new();
     book.drain_released(|r| {
         drained.push((r.request_id.to_string(), r.reason, r.nonce));
-        if let Some(t) = r.slot {
-            // The engine frees the blocks, then gives the slot back.
-            std::mem::forget(t);
-        }
+        tickets.extend(r.slot);
     });
+    // The engine frees the blocks, then gives the slot back.
+    for t in tickets {
+        book.blocks_freed(t);
+    }
     assert_eq!(
         drained,
         [("X".to_string(), ReleaseReason::Expired, first.nonce)]
