@@ -333,3 +333,164 @@ impl fmt::Debug for OutcomeMsg<'_> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> [Outcome<'static>; 4] {
+        [
+            Outcome {
+                request_id: "cmpl-1",
+                verdict: Verdict::Verified,
+            },
+            Outcome {
+                request_id: "cmpl-2",
+                verdict: Verdict::ReadFailed(FabricError::Backend(-7)),
+            },
+            Outcome {
+                request_id: "ü",
+                verdict: Verdict::SlotOutOfRange,
+            },
+            Outcome {
+                request_id: "x",
+                verdict: Verdict::ReadFailed(FabricError::TimedOut),
+            },
+        ]
+    }
+
+    const OWED: [EngineHandle; 2] = [
+        EngineHandle {
+            index: 1,
+            generation: 4,
+        },
+        EngineHandle {
+            index: 0,
+            generation: u32::MAX,
+        },
+    ];
+
+    fn bytes() -> Vec<u8> {
+        let mut buf = vec![0u8; encoded_len(sample(), 2)];
+        let n = encode(&mut buf, 3, 17, sample(), OWED).unwrap();
+        assert_eq!(n, buf.len());
+        buf
+    }
+
+    #[test]
+    fn round_trip() {
+        let b = bytes();
+        assert_eq!(b.len(), 32 + 4 * 16 + 2 * 8 + 6 + 6 + 2 + 1);
+        let msg = OutcomeMsg::decode(&b).unwrap();
+        assert_eq!((msg.rank(), msg.seq(), msg.len()), (3, 17, 4));
+        assert_eq!(msg.iter().collect::<Vec<_>>(), sample());
+        assert_eq!(msg.owed().collect::<Vec<_>>(), OWED);
+        let mut again = vec![0u8; b.len()];
+        let n = encode(&mut again, msg.rank(), msg.seq(), msg.iter(), msg.owed()).unwrap();
+        assert_eq!(&again[..n], &b[..]);
+        // Every verdict and every fabric error survives the trip.
+        let errors = [
+            FabricError::UnknownAgent,
+            FabricError::NotConnected,
+            FabricError::BadAddress,
+            FabricError::PeerUnreachable,
+            FabricError::TimedOut,
+            FabricError::OutOfBounds,
+            FabricError::UnknownRegion,
+            FabricError::UnknownXfer,
+            FabricError::MessageTooLarge,
+            FabricError::Full,
+            FabricError::Cancelled,
+            FabricError::Backend(i32::MIN),
+        ];
+        let all: Vec<Outcome<'_>> = [Verdict::Verified, Verdict::Lapsed, Verdict::Unverifiable]
+            .into_iter()
+            .chain([Verdict::SlotOutOfRange])
+            .chain(errors.map(Verdict::ReadFailed))
+            .map(|verdict| Outcome {
+                request_id: "r",
+                verdict,
+            })
+            .collect();
+        let mut buf = vec![0u8; encoded_len(all.iter().copied(), 0)];
+        encode(&mut buf, 0, 0, all.iter().copied(), []).unwrap();
+        let msg = OutcomeMsg::decode(&buf).unwrap();
+        assert_eq!(msg.iter().collect::<Vec<_>>(), all);
+    }
+
+    #[test]
+    fn bad_records_are_refused_by_index() {
+        let b = bytes();
+        let rec = |i: usize, field: usize| 32 + i * 16 + field;
+        let cases: [(usize, &[u8], u32, &str); 8] = [
+            (rec(0, 6), &[0], 0, "unknown verdict"),
+            (rec(1, 7), &[13], 1, "unknown fabric error code"),
+            (
+                rec(0, 7),
+                &[4],
+                0,
+                "error code on a verdict that is not a failed read",
+            ),
+            (
+                rec(3, 8),
+                &[1, 0, 0, 0],
+                3,
+                "backend status on a fabric error that is not a backend one",
+            ),
+            (rec(2, 12), &[1], 2, "reserved bytes not 0"),
+            (rec(1, 0), &[7], 1, "id not where the previous one ended"),
+            (rec(3, 4), &[0, 0], 3, "empty request id"),
+            (
+                rec(2, 4),
+                &[1, 0],
+                2,
+                "request id outside the id area or not UTF-8",
+            ),
+        ];
+        for (at, patch, index, what) in cases {
+            let mut bad = b.clone();
+            bad[at..at + patch.len()].copy_from_slice(patch);
+            assert_eq!(
+                OutcomeMsg::decode(&bad).map(|_| ()),
+                Err(IpcError::BadRecord { index, what }),
+                "{what}"
+            );
+        }
+        // The last id byte becomes a lone UTF-8 lead byte.
+        let mut bad = b.clone();
+        let last = bad.len() - 1;
+        bad[last] = 0xC3;
+        assert_eq!(
+            OutcomeMsg::decode(&bad).map(|_| ()),
+            Err(IpcError::BadRecord {
+                index: 3,
+                what: "request id outside the id area or not UTF-8"
+            })
+        );
+        // Refusals from the encoder: an empty id, a buffer too small.
+        let empty = [Outcome {
+            request_id: "",
+            verdict: Verdict::Verified,
+        }];
+        assert_eq!(
+            encode(&mut [0u8; 64], 0, 0, empty, []),
+            Err(IpcError::BadRecord {
+                index: 0,
+                what: "request id empty or longer than 65535 bytes"
+            })
+        );
+        assert_eq!(
+            encode(&mut [0u8; 40], 0, 0, sample(), []),
+            Err(IpcError::BufferTooSmall {
+                needed: encoded_len(sample(), 0)
+            })
+        );
+        // A plan is not an outcome message.
+        let mut plan = b.clone();
+        plan[6] = MsgKind::HeartbeatPlan.code() as u8;
+        assert!(matches!(
+            OutcomeMsg::decode(&plan),
+            Err(IpcError::WrongKind { .. })
+        ));
+    }
+}
