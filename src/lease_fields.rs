@@ -8,6 +8,7 @@
 //! declines its KV.
 
 use crate::nonce::Nonce;
+use crate::wire::CompactEntry;
 
 /// A lease's slot on P and the nonce P wrote into it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -27,6 +28,25 @@ impl LeaseFields {
             slot: slot?,
             nonce: Nonce::new(nonce?)?,
         })
+    }
+}
+
+/// A compact heartbeat renews a lease by exactly these two fields.
+impl From<LeaseFields> for CompactEntry {
+    fn from(f: LeaseFields) -> CompactEntry {
+        CompactEntry {
+            slot: f.slot,
+            nonce: f.nonce,
+        }
+    }
+}
+
+impl From<CompactEntry> for LeaseFields {
+    fn from(e: CompactEntry) -> LeaseFields {
+        LeaseFields {
+            slot: e.slot,
+            nonce: e.nonce,
+        }
     }
 }
 

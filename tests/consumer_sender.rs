@@ -106,8 +106,11 @@ fn p_tp4_d_tp2_each_d_rank_heartbeats_two_p_ranks() {
             s0.send_due(&b, now).unwrap();
             s1.send_due(&b, now).unwrap();
         });
-        s0.finish_step(&t, now);
-        s1.finish_step(&t, now);
+        s0.finish_step();
+        s1.finish_step();
+        // Each rank's debts go back to the shared tracker for the next step.
+        t.request_engines(s0.owed_engines());
+        t.request_engines(s1.owed_engines());
     }
     for (s, ranks) in [(&s0, [0, 1]), (&s1, [2, 3])] {
         let f = s.fabric();
@@ -138,7 +141,8 @@ fn p_tp2_d_tp4_each_d_rank_heartbeats_one_p_rank() {
             }
         });
         for s in senders.iter_mut() {
-            s.finish_step(&t, now);
+            s.finish_step();
+            t.request_engines(s.owed_engines());
         }
     }
     for (r, s) in senders.iter().enumerate() {

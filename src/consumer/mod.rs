@@ -22,19 +22,22 @@
 //! Both halves are fixed-capacity and allocation-free after construction
 //! (`tests/consumer_alloc.rs` proves it with a counting allocator).
 
+pub(crate) mod batch;
 mod id_arena;
 mod sender;
 mod tracker;
 mod verifier;
 
+pub use batch::{BatchReason, HeartbeatBatch};
 pub use sender::{
-    DefaultPeerAddress, HeartbeatSender, PeerAddress, PeerStatus, PortPerRankAddress, SenderConfig,
-    SenderCounters, SenderError, StepError, StepReport, MAX_MESSAGE_LEN,
+    DefaultPeerAddress, HeartbeatSender, OwedEngines, PeerAddress, PeerStatus, PortPerRankAddress,
+    SenderConfig, SenderCounters, SenderError, StepError, StepReport, MAX_MESSAGE_LEN,
 };
 pub use tracker::{
-    EngineBatch, EngineHandle, EngineKey, HeartbeatTracker, ParamProblem, RemotePrefillParams,
-    TrackError, TrackOutcome, TrackedRemote, TrackerCounters, INLINE_ID_LEN, MAX_HOST_LEN,
+    ApplyReport, EngineBatch, EngineHandle, EngineKey, HeartbeatTracker, ParamProblem,
+    RemotePrefillParams, TrackError, TrackOutcome, TrackedRemote, TrackerCounters, INLINE_ID_LEN,
+    MAX_HOST_LEN,
 };
 pub use verifier::{
-    LeaseVerifier, Verdict, VerifierCounters, VerifyError, VerifyTarget, MAX_TARGETS,
+    LeaseVerifier, Verdict, VerifierCounters, VerifyError, VerifyTarget, MAX_TARGETS, WINDOW_SLOTS,
 };

@@ -10,14 +10,27 @@
 //!
 //! # A step
 //!
+//! The sender heartbeats the engines a plan hands it, one
+//! [`HeartbeatBatch`] each; where the plan comes from is the only difference
+//! between the two ways to run it:
+//!
 //! ```text
-//! tracker.due(now, |batch| sender.send_due(&batch, now));   // every due engine
-//! sender.finish_step(&tracker, now);                         // deferred sends
+//! scheduler and worker apart (vLLM's layout):
+//!   scheduler: n = tracker.encode_plan(now, &mut buf)?      -> bytes to every worker
+//!   worker:    plan = HeartbeatPlan::decode(&bytes)?
+//!              sender.send_plan(&plan, now)                  // gone notices, send_due per engine, finish_step
+//!              sender.owed_engines()                         -> outcome message -> scheduler
+//!   scheduler: tracker.apply_outcomes(&msg, ..)              // request_engines(owed) inside
+//!
+//! one process:
+//!   sender.step(&mut tracker, now)                           // the same, without the bytes
 //! ```
 //!
-//! ([`HeartbeatSender::step`] does both for an engine with one D rank per
-//! tracker; with several D ranks in one process, call every rank's
-//! `send_due` from the same `due` callback, since `due` throttles.)
+//! (With several D ranks in one process, call every rank's `send_due` from
+//! the same [`HeartbeatTracker::due`] callback, since `due` throttles, then
+//! each rank's `finish_step`, and give every rank's `owed_engines` to
+//! [`HeartbeatTracker::request_engines`] and every "gone" notice of
+//! [`HeartbeatTracker::take_gone`] to each rank's `engine_gone`.)
 //!
 //! For a due engine, [`HeartbeatSender::send_due`] maps this rank to its P
 //! ranks ([`TpMapping::targets`]: P TP 4 / D TP 2 gives two ranks, P TP 2 /
@@ -25,19 +38,29 @@
 //!
 //! - **ready** (handshake complete): gets the batch now;
 //! - **no handshake yet**: [`Fabric::start_handshake`] (non-blocking), and the
-//!   peer is *owed* this heartbeat. The handshake is not polled in the step it
-//!   started; [`HeartbeatSender::finish_step`] polls owed peers in later steps
-//!   and sends at the first step at which [`Fabric::handshake_state`] is
-//!   `Ready`, without waiting for the engine's next interval (the early
-//!   handshake also speeds up the later KV READ);
+//!   peer is *owed* this heartbeat;
 //! - **failed**: retried with exponential backoff from
 //!   [`SenderConfig::backoff_initial`], doubling per consecutive failure up to
 //!   [`SenderConfig::backoff_max`]; counted in [`SenderCounters`], never a
 //!   panic. A send that fails with a connection error sends the peer back
-//!   through the handshake.
+//!   through the handshake, and the peer is owed the heartbeat.
 //!
-//! An owed heartbeat whose engine has disappeared from the tracker (all its
-//! requests finished) is dropped.
+//! # Owed heartbeats
+//!
+//! A worker in another process cannot look into the tracker, so the debt
+//! travels: the sender lists the engines it owes
+//! ([`HeartbeatSender::owed_engines`]), the scheduler requests them
+//! ([`HeartbeatTracker::request_engines`]), and the next plan carries each
+//! again as [`BatchReason::Owed`] whatever its throttle. For an owed engine
+//! the sender serves only the peers still owed: it polls their handshakes
+//! (not in the step a handshake started) and sends at the first step at
+//! which [`Fabric::handshake_state`] is `Ready`, without waiting for the
+//! engine's next interval (the early handshake also speeds up the later KV
+//! READ). The sender keeps nothing per request for this; the batch it needs
+//! arrives with the plan. An engine that disappears from the tracker comes
+//! back as a "gone" notice ([`HeartbeatSender::engine_gone`]), and what is
+//! owed to it is dropped. [`HeartbeatSender::step`] runs exactly this loop
+//! in one process, so the single-process tests pin the split's behaviour.
 //!
 //! # One message, split when it must be
 //!
@@ -81,10 +104,12 @@
 use core::fmt;
 use core::time::Duration;
 
-use super::tracker::{EngineBatch, EngineHandle, EngineKey, HeartbeatTracker};
+use super::batch::{BatchReason, HeartbeatBatch};
+use super::tracker::{EngineHandle, EngineKey, HeartbeatTracker};
 use crate::collections::DenseSet;
 use crate::config::LeaseConfig;
 use crate::fabric::{AgentId, Fabric, FabricError, HandshakeState};
+use crate::ipc::plan::HeartbeatPlan;
 use crate::time::Instant;
 use crate::topology::{TopologyError, TpMapping};
 use crate::wire::{self, WireError};
@@ -202,6 +227,7 @@ impl SenderConfig {
 /// Why a due engine was not heartbeated by this sender, or the sender could
 /// not be built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SenderError {
     /// The TP sizes do not map (zero, not divisible) or the local rank is out
     /// of range.
@@ -247,9 +273,13 @@ impl std::error::Error for SenderError {}
 
 /// What one sender has done, as plain monotonic counts since construction.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SenderCounters {
-    /// Due engines handed to `send_due`.
+    /// Due engines handed to `send_due` ([`BatchReason::Due`]).
     pub engines_due: u64,
+    /// Owed engines handed to `send_due` ([`BatchReason::Owed`]): only the
+    /// P ranks still owed a heartbeat are served.
+    pub owed_visits: u64,
     /// Due engines not heartbeated because of a [`SenderError`].
     pub engines_refused: u64,
     /// Notifications sent (a split batch counts each piece).
@@ -262,7 +292,8 @@ pub struct SenderCounters {
     pub deferred: u64,
     /// Deferred heartbeats sent later, once the peer became ready.
     pub deferred_sent: u64,
-    /// Deferred heartbeats dropped because their engine disappeared.
+    /// Deferred heartbeats dropped because their engine disappeared (a
+    /// "gone" notice, or a new engine in its slot).
     pub deferred_dropped: u64,
     /// Handshakes started (including retries).
     pub handshakes_started: u64,
@@ -279,11 +310,15 @@ pub struct SenderCounters {
     pub ids_skipped: u64,
 }
 
-/// What one [`HeartbeatSender::step`] did.
+/// What one step of a sender did ([`HeartbeatSender::step`],
+/// [`HeartbeatSender::send_plan`], [`HeartbeatSender::finish_step`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StepReport {
-    /// Engines the tracker reported due.
+    /// Due engines handed to the sender this step.
     pub engines_due: u32,
+    /// Owed engines handed to the sender this step.
+    pub engines_owed: u32,
     /// Notifications sent.
     pub messages_sent: u32,
     /// Peers whose heartbeat is owed (not ready) after this step.
@@ -295,6 +330,7 @@ pub struct StepReport {
 
 /// An error met during a step, for logging.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StepError {
     /// A due engine was refused.
     Sender(SenderError),
@@ -307,6 +343,32 @@ pub enum StepError {
         /// What the fabric said.
         error: FabricError,
     },
+}
+
+impl fmt::Display for StepError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StepError::Sender(e) => write!(f, "engine not heartbeated: {e}"),
+            StepError::Fabric {
+                engine,
+                rank,
+                error,
+            } => write!(
+                f,
+                "heartbeat to P rank {rank} of engine slot {} (generation {}): {error}",
+                engine.index, engine.generation
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StepError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StepError::Sender(e) => Some(e),
+            StepError::Fabric { error, .. } => Some(error),
+        }
+    }
 }
 
 /// Where the link to one P rank stands.
@@ -375,6 +437,35 @@ struct Slot {
     owed: u32,
 }
 
+/// The engines a sender owes a heartbeat, as [`EngineHandle`]s
+/// ([`HeartbeatSender::owed_engines`]).
+#[derive(Clone, Debug)]
+pub struct OwedEngines<'s> {
+    sender_slots: &'s [Slot],
+    owed: &'s DenseSet,
+    next: u32,
+}
+
+impl Iterator for OwedEngines<'_> {
+    type Item = EngineHandle;
+
+    fn next(&mut self) -> Option<EngineHandle> {
+        let index = self.owed.get(self.next)?;
+        self.next += 1;
+        Some(EngineHandle {
+            index,
+            generation: self.sender_slots.get(index as usize)?.generation,
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.owed.len().saturating_sub(self.next) as usize;
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for OwedEngines<'_> {}
+
 /// Why `service` is called.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -413,8 +504,19 @@ pub struct HeartbeatSender<F: Fabric, A: PeerAddress = DefaultPeerAddress> {
     addr: AddrBuf,
     epoch: u64,
     counters: SenderCounters,
-    /// The last fabric error since `finish_step` reported one.
-    last_fabric_error: Option<StepError>,
+    /// This step so far, for its [`StepReport`].
+    this_step: StepTally,
+}
+
+/// What the current step did so far; reset by `finish_step`.
+#[derive(Clone, Copy, Debug, Default)]
+struct StepTally {
+    due: u32,
+    owed: u32,
+    /// `counters.messages_sent` when the step began.
+    messages_before: u64,
+    /// The step's last error.
+    error: Option<StepError>,
 }
 
 impl<F: Fabric, A: PeerAddress> fmt::Debug for HeartbeatSender<F, A> {
@@ -463,7 +565,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
             },
             epoch: 1,
             counters: SenderCounters::default(),
-            last_fabric_error: None,
+            this_step: StepTally::default(),
         })
     }
 
@@ -514,73 +616,115 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         n
     }
 
-    /// A whole step for a tracker this sender serves alone:
-    /// `tracker.due` into [`HeartbeatSender::send_due`], then
-    /// [`HeartbeatSender::finish_step`].
+    /// A whole step for a tracker in the same process that this sender
+    /// serves alone. Built from the same pieces as the scheduler/worker
+    /// split (see the module docs): the tracker's "gone" notices, then its
+    /// planned engines ([`HeartbeatTracker::due`], the selection
+    /// [`HeartbeatTracker::encode_plan`] uses) into
+    /// [`HeartbeatSender::send_due`], [`HeartbeatSender::finish_step`], and
+    /// the engines still owed back to the tracker
+    /// ([`HeartbeatTracker::request_engines`]) for the next step.
     pub fn step(&mut self, tracker: &mut HeartbeatTracker, now: Instant) -> StepReport {
-        let before = self.counters.messages_sent;
-        let mut report = StepReport::default();
-        report.engines_due = tracker.due(now, |batch| {
-            if let Err(e) = self.send_due(&batch, now) {
-                report.last_error = Some(StepError::Sender(e));
-            }
+        tracker.take_gone(|handle| self.engine_gone(handle));
+        tracker.due(now, |batch| {
+            // Errors are counted and kept for the report.
+            let _ = self.send_due(&batch, now);
         });
-        let finished = self.finish_step(tracker, now);
-        report.peers_owed = finished.peers_owed;
-        report.last_error = finished.last_error.or(report.last_error);
-        report.messages_sent = (self.counters.messages_sent - before) as u32;
+        let report = self.finish_step();
+        tracker.request_engines(self.owed_engines());
         report
     }
 
-    /// Heartbeats one due engine: one message (or its split pieces) to every
-    /// ready P rank this rank maps to; handshakes the others and owes them
-    /// the heartbeat. Call once per due engine per step, then
+    /// A whole step of a worker whose scheduler runs in another process:
+    /// drops what is owed to the plan's gone engines, heartbeats every
+    /// engine of the plan ([`HeartbeatSender::send_due`]), and ends the step
+    /// ([`HeartbeatSender::finish_step`]). Report
+    /// [`HeartbeatSender::owed_engines`] back to the scheduler (the owed
+    /// section of the verify-outcome message, [`crate::ipc::outcome`]).
+    pub fn send_plan(&mut self, plan: &HeartbeatPlan<'_>, now: Instant) -> StepReport {
+        for handle in plan.gone() {
+            self.engine_gone(handle);
+        }
+        for engine in plan.engines() {
+            // Errors are counted and kept for the report.
+            let _ = self.send_due(&engine, now);
+        }
+        self.finish_step()
+    }
+
+    /// Heartbeats one planned engine. A due engine
+    /// ([`BatchReason::Due`]): one message (or its split pieces) to every
+    /// ready P rank this rank maps to; the others are handshaked and owed
+    /// the heartbeat. An owed engine ([`BatchReason::Owed`]): only the P
+    /// ranks this rank still owes (none if it owes nothing: another worker
+    /// does). Call once per planned engine per step, then
     /// [`HeartbeatSender::finish_step`] once.
-    pub fn send_due(&mut self, batch: &EngineBatch<'_>, now: Instant) -> Result<(), SenderError> {
-        self.counters.engines_due += 1;
-        let r = self.service(batch, now, Mode::Due);
-        if r.is_err() {
-            self.counters.engines_refused += 1;
+    pub fn send_due<B: HeartbeatBatch>(
+        &mut self,
+        batch: &B,
+        now: Instant,
+    ) -> Result<(), SenderError> {
+        let mode = match batch.reason() {
+            BatchReason::Due => {
+                self.counters.engines_due += 1;
+                self.this_step.due += 1;
+                Mode::Due
+            }
+            BatchReason::Owed => {
+                self.counters.owed_visits += 1;
+                self.this_step.owed += 1;
+                Mode::Owed
+            }
+        };
+        let r = self.service(batch, now, mode);
+        if let Err(e) = r {
+            if mode == Mode::Due {
+                self.counters.engines_refused += 1;
+            }
+            self.this_step.error = Some(StepError::Sender(e));
         }
-        r.map(|_| ())
+        r
     }
 
-    /// Ends a step: polls the handshakes of peers owed a heartbeat (not those
-    /// started in this step) and sends to the ones now ready; drops what is
-    /// owed for engines that have disappeared from `tracker`.
-    pub fn finish_step(&mut self, tracker: &HeartbeatTracker, now: Instant) -> StepReport {
-        let before = self.counters.messages_sent;
-        let mut report = StepReport::default();
-        let mut k = 0;
-        while let Some(e) = self.owed.get(k) {
-            let slot = self.slots[e as usize];
-            let handle = EngineHandle {
-                index: e,
-                generation: slot.generation,
-            };
-            match tracker.batch(handle) {
-                Some(batch) => {
-                    if let Err(err) = self.service(&batch, now, Mode::Owed) {
-                        report.last_error = Some(StepError::Sender(err));
-                    }
-                }
-                None => {
-                    self.counters.deferred_dropped += u64::from(slot.owed);
-                    self.clear_owed(e);
-                }
-            }
-            // service/clear may have removed e (the last member moved into
-            // position k); only advance past a member that stayed.
-            if self.owed.get(k) == Some(e) {
-                k += 1;
-            }
+    /// Drops every heartbeat owed to the engine behind `handle`, which the
+    /// tracker no longer has (a "gone" notice). A handle this sender holds
+    /// nothing for is a no-op.
+    pub fn engine_gone(&mut self, handle: EngineHandle) {
+        let Some(slot) = self.slots.get(handle.index as usize) else {
+            return;
+        };
+        if slot.used && slot.generation == handle.generation {
+            self.counters.deferred_dropped += u64::from(slot.owed);
+            self.clear_owed(handle.index);
         }
+    }
+
+    /// Ends a step and reports it: engines handed over, messages sent, the
+    /// peers still owed a heartbeat and the step's last error. Handshakes
+    /// started during the step are polled from the next one on.
+    pub fn finish_step(&mut self) -> StepReport {
         self.epoch += 1;
-        report.peers_owed = self.peers_owed();
-        report.messages_sent = (self.counters.messages_sent - before) as u32;
-        let fabric_error = self.last_fabric_error.take();
-        report.last_error = report.last_error.or(fabric_error);
-        report
+        let t = core::mem::take(&mut self.this_step);
+        self.this_step.messages_before = self.counters.messages_sent;
+        StepReport {
+            engines_due: t.due,
+            engines_owed: t.owed,
+            messages_sent: u32::try_from(self.counters.messages_sent - t.messages_before)
+                .unwrap_or(u32::MAX),
+            peers_owed: self.peers_owed(),
+            last_error: t.error,
+        }
+    }
+
+    /// The engines for which some P rank is still owed a heartbeat: report
+    /// them to the tracker ([`HeartbeatTracker::request_engines`]) so that
+    /// it plans them again at the next step.
+    pub fn owed_engines(&self) -> OwedEngines<'_> {
+        OwedEngines {
+            sender_slots: &self.slots,
+            owed: &self.owed,
+            next: 0,
+        }
     }
 
     #[inline]
@@ -589,7 +733,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
     }
 
     /// Resets slot `e` for the engine behind `handle` if it held another.
-    fn prepare_slot(&mut self, batch: &EngineBatch<'_>) -> Result<u32, SenderError> {
+    fn prepare_slot<B: HeartbeatBatch>(&mut self, batch: &B) -> Result<u32, SenderError> {
         let handle = batch.handle();
         let e = handle.index;
         let max_engines = self.config.max_engines;
@@ -603,7 +747,9 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         if slot.used && slot.generation == handle.generation {
             return Ok(e);
         }
-        // A new engine in this slot: forget the old one's peers.
+        // A new engine in this slot: forget the old one's peers (and any
+        // heartbeat still owed to them: that engine is gone).
+        self.counters.deferred_dropped += u64::from(slot.owed);
         self.clear_owed(e);
         let key = batch.key();
         let mapping =
@@ -663,11 +809,14 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
                 self.owed.remove(e);
             }
         }
+        // The owed set is exactly the slots with a debt: what `owed_engines`
+        // reports back to the tracker.
+        debug_assert_eq!(self.owed.contains(e), slot.owed > 0);
     }
 
     /// Advances peer `k` of engine `e`: starts, polls or retries its
     /// handshake. Returns whether it is ready to receive now.
-    fn advance(&mut self, batch: &EngineBatch<'_>, e: u32, k: u32, now: Instant) -> bool {
+    fn advance<B: HeartbeatBatch>(&mut self, batch: &B, e: u32, k: u32, now: Instant) -> bool {
         let i = self.peer_index(e, k);
         let peer = self.peers[i];
         match peer.status {
@@ -708,7 +857,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         }
     }
 
-    fn start_handshake(&mut self, batch: &EngineBatch<'_>, e: u32, k: u32, now: Instant) {
+    fn start_handshake<B: HeartbeatBatch>(&mut self, batch: &B, e: u32, k: u32, now: Instant) {
         let rank = self.slots[e as usize].first_rank + k;
         self.addr.len = 0;
         let key = batch.key();
@@ -738,7 +887,14 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         }
     }
 
-    fn fail(&mut self, batch: &EngineBatch<'_>, e: u32, k: u32, err: FabricError, now: Instant) {
+    fn fail<B: HeartbeatBatch>(
+        &mut self,
+        batch: &B,
+        e: u32,
+        k: u32,
+        err: FabricError,
+        now: Instant,
+    ) {
         self.counters.handshakes_failed += 1;
         let i = self.peer_index(e, k);
         let p = &mut self.peers[i];
@@ -752,19 +908,29 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
             retry_at: now.saturating_add(wait),
             failures: p.failures,
         };
-        self.last_fabric_error = Some(StepError::Fabric {
+        self.this_step.error = Some(StepError::Fabric {
             engine: batch.handle(),
             rank: self.slots[e as usize].first_rank + k,
             error: err,
         });
     }
 
-    fn service(
+    fn service<B: HeartbeatBatch>(
         &mut self,
-        batch: &EngineBatch<'_>,
+        batch: &B,
         now: Instant,
         mode: Mode,
     ) -> Result<(), SenderError> {
+        if mode == Mode::Owed {
+            // Only this engine's own debts: a slot holding another engine
+            // (or none, or owing nothing) has nothing to serve, and must not
+            // be reset by a plan entry that another worker asked for.
+            let handle = batch.handle();
+            match self.slots.get(handle.index as usize) {
+                Some(s) if s.used && s.generation == handle.generation && s.owed > 0 => {}
+                _ => return Ok(()),
+            }
+        }
         let e = self.prepare_slot(batch)?;
         let fan_out = self.slots[e as usize].fan_out;
         let all_leased = batch.all_leased();
@@ -837,9 +1003,9 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
     /// marked for that form. A peer whose send fails is unmarked and owed;
     /// on a connection error it goes back through the handshake, with
     /// backoff.
-    fn send_form(
+    fn send_form<B: HeartbeatBatch>(
         &mut self,
-        batch: &EngineBatch<'_>,
+        batch: &B,
         e: u32,
         fan_out: u32,
         form: Form,
@@ -855,7 +1021,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
             peers,
             scratch,
             counters,
-            last_fabric_error,
+            this_step,
             ..
         } = self;
         let peers = &mut peers[base..base + fan_out as usize];
@@ -895,7 +1061,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
                                 failures: p.failures,
                             };
                         }
-                        *last_fabric_error = Some(StepError::Fabric {
+                        this_step.error = Some(StepError::Fabric {
                             engine: handle,
                             rank: first_rank + k as u32,
                             error: err,

@@ -91,13 +91,20 @@
 use core::fmt;
 use core::time::Duration;
 
+use super::batch::{sealed, BatchReason, HeartbeatBatch};
 use super::id_arena::IdArena;
 use crate::collections::{DenseSet, FreeStack};
 use crate::config::LeaseConfig;
 use crate::ids::IdTable;
+use crate::lease_fields::LeaseFields;
 use crate::nonce::Nonce;
 use crate::time::Instant;
 use crate::wire::{self, CompactEntry};
+
+mod outcomes;
+mod plan;
+
+pub use outcomes::ApplyReport;
 
 /// Longest `remote_host` accepted, in bytes (a DNS name is at most 253).
 pub const MAX_HOST_LEN: usize = 255;
@@ -144,6 +151,14 @@ pub struct RemotePrefillParams<'a> {
     pub remote_lease_nonce: Option<u64>,
 }
 
+impl RemotePrefillParams<'_> {
+    /// `remote_lease_slot` and `remote_lease_nonce` as one value: `None`
+    /// when either is absent or the nonce is 0 (no lease has it).
+    pub fn lease_fields(&self) -> Option<LeaseFields> {
+        LeaseFields::from_params(self.remote_lease_slot, self.remote_lease_nonce)
+    }
+}
+
 /// What [`HeartbeatTracker::on_new_request`] did with a request it did not
 /// refuse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,6 +177,7 @@ pub enum TrackOutcome {
 
 /// What is wrong with a present parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ParamProblem {
     /// The string is empty.
     Empty,
@@ -181,6 +197,7 @@ pub enum ParamProblem {
 /// Why a remote-prefill request was refused. The request is not
 /// heartbeated; each variant bumps a [`TrackerCounters`] field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TrackError {
     /// `max_tracked_requests` (`kv_lease_max_tracked_requests`) requests are
     /// tracked already. Counted in [`TrackerCounters::refused_requests_full`]
@@ -236,6 +253,7 @@ impl std::error::Error for TrackError {}
 
 /// What the tracker has seen, as plain monotonic counts since construction.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TrackerCounters {
     /// Requests tracked.
     pub started: u64,
@@ -273,6 +291,27 @@ pub struct TrackerCounters {
     pub engines_due: u64,
     /// Requests in the engines reported due.
     pub requests_due: u64,
+    /// Engines planned again before their interval because a worker still
+    /// owed a P rank of them a heartbeat ([`BatchReason::Owed`]).
+    pub engines_owed: u64,
+    /// Owed-engine reports from workers that named a live engine.
+    pub owed_requests: u64,
+    /// Owed-engine reports that named an engine no longer tracked (its
+    /// requests all finished): answered with a "gone" notice so the worker
+    /// drops what it owes.
+    pub owed_stale: u64,
+    /// Heartbeat plans encoded.
+    pub plans_encoded: u64,
+    /// Verify outcomes applied (one per request per worker message).
+    pub outcomes: u64,
+    /// Outcomes for requests the tracker does not track (finished, already
+    /// failed, refused at arrival, or a duplicate): counted, otherwise no-ops.
+    pub outcomes_untracked: u64,
+    /// Requests whose KV every worker verified: received, tracking stopped.
+    pub loads_verified: u64,
+    /// Requests whose KV load failed verification on some worker: tracking
+    /// stopped, `kv_load_failure_policy` applies.
+    pub loads_failed: u64,
 }
 
 /// A P engine as heartbeats see it: the grouping key of the tracker.
@@ -305,7 +344,7 @@ pub struct TrackedRemote<'t> {
     /// The id P knows the request by.
     pub remote_request_id: &'t str,
     /// Its lease slot and nonce, when P exported them.
-    pub lease: Option<CompactEntry>,
+    pub lease: Option<LeaseFields>,
 }
 
 /// Where a tracked request lives.
@@ -344,10 +383,15 @@ struct Engine {
     len: u32,
     /// Members without a lease (slot, nonce).
     unleased: u32,
+    /// Sum of the members' P-side id lengths (sizes a plan in O(1)).
+    id_bytes: u32,
     next_due: Instant,
     generation: u32,
     pp_size: u32,
     dcp_size: u32,
+    /// A worker owes a P rank of this engine a heartbeat: plan it at the
+    /// next step whatever its throttle says.
+    requested: bool,
 }
 
 /// D's scheduler-side heartbeat bookkeeping. See the module docs.
@@ -373,6 +417,16 @@ pub struct HeartbeatTracker {
     chunk_prev: Box<[u32]>,
     free_chunks: FreeStack,
     key_buf: Box<[u8]>,
+    /// Engine slots whose (stale) handle a worker still owes: the next plan
+    /// tells the workers to drop them. By index; the generation beside.
+    gone: DenseSet,
+    gone_generation: Box<[u32]>,
+    /// The next plan's message number.
+    plan_seq: u32,
+    /// D workers whose verify outcomes make up one request's verdict.
+    workers: u32,
+    /// Per request: the workers that reported it verified (bit = rank).
+    verified_by: Box<[u64]>,
     counters: TrackerCounters,
 }
 
@@ -402,10 +456,12 @@ impl HeartbeatTracker {
             tail: NIL,
             len: 0,
             unleased: 0,
+            id_bytes: 0,
             next_due: Instant::ZERO,
             generation: 0,
             pp_size: 1,
             dcp_size: 1,
+            requested: false,
         };
         HeartbeatTracker {
             interval: config.heartbeat_interval(),
@@ -430,6 +486,11 @@ impl HeartbeatTracker {
             chunk_prev: vec![NIL; chunks as usize].into_boxed_slice(),
             free_chunks: FreeStack::full(chunks),
             key_buf: vec![0; key_len].into_boxed_slice(),
+            gone: DenseSet::new(e),
+            gone_generation: vec![0; e as usize].into_boxed_slice(),
+            plan_seq: 0,
+            workers: 1,
+            verified_by: vec![0; r as usize].into_boxed_slice(),
             counters: TrackerCounters::default(),
         }
     }
@@ -601,6 +662,8 @@ impl HeartbeatTracker {
                 eng.pp_size = pp;
                 eng.dcp_size = dcp;
                 eng.unleased = 0;
+                eng.id_bytes = 0;
+                eng.requested = false;
                 eng.head = NIL;
                 eng.tail = NIL;
                 self.live.insert(e);
@@ -619,15 +682,12 @@ impl HeartbeatTracker {
             self.drop_engine_if_empty(e);
             return Err(TrackError::Duplicate);
         }
-        let lease = match (params.remote_lease_slot, params.remote_lease_nonce) {
-            (Some(slot), Some(n)) if n != 0 => Some((slot, n)),
-            _ => None,
-        };
+        let lease = params.lease_fields();
         let pos = self.push_member(e);
         self.members[pos as usize] = Member {
-            nonce: lease.map_or(0, |l| l.1),
+            nonce: lease.map_or(0, |l| l.nonce.get()),
             req: r,
-            slot: lease.map_or(0, |l| l.0),
+            slot: lease.map_or(0, |l| l.slot),
             // check_str bounded the length by max_id_len <= u16::MAX.
             p_len: p_id.len() as u16,
             leased: lease.is_some(),
@@ -640,6 +700,11 @@ impl HeartbeatTracker {
         };
         debug_assert!(written);
         self.links[r as usize] = Link { pos, engine: e };
+        self.verified_by[r as usize] = 0;
+        // p_id.len() <= max_id_len <= 1024 and at most R members: no overflow
+        // below 4 million requests; saturate rather than wrap beyond.
+        let eng = &mut self.engines[e as usize];
+        eng.id_bytes = eng.id_bytes.saturating_add(p_id.len() as u32);
         if lease.is_none() {
             self.engines[e as usize].unleased += 1;
             self.counters.started_without_lease += 1;
@@ -672,10 +737,20 @@ impl HeartbeatTracker {
         pos as u32
     }
 
-    /// Frees engine `e` when it has no members left.
+    /// Frees engine `e` when it has no members left. A worker that owes it
+    /// a heartbeat is told, in the next plan, to drop that debt.
     fn drop_engine_if_empty(&mut self, e: u32) {
-        if self.engines[e as usize].len != 0 {
+        let eng = &mut self.engines[e as usize];
+        if eng.len != 0 {
             return;
+        }
+        if eng.requested {
+            eng.requested = false;
+            let generation = eng.generation;
+            self.note_gone(EngineHandle {
+                index: e,
+                generation,
+            });
         }
         let removed = self.keys.remove(e);
         debug_assert!(removed);
@@ -708,6 +783,12 @@ impl HeartbeatTracker {
             self.counters.stop_untracked += 1;
             return false;
         };
+        self.stop_request(r);
+        true
+    }
+
+    /// Stops tracking request `r` (tracked).
+    fn stop_request(&mut self, r: u32) {
         let Link {
             pos: hole,
             engine: e,
@@ -719,6 +800,7 @@ impl HeartbeatTracker {
         let last_off = (eng.len as usize - 1) % CHUNK;
         let last = (eng.tail as usize * CHUNK + last_off) as u32;
         eng.len -= 1;
+        eng.id_bytes = eng.id_bytes.saturating_sub(u32::from(gone.p_len));
         if !gone.leased {
             eng.unleased -= 1;
         }
@@ -766,45 +848,12 @@ impl HeartbeatTracker {
         };
         self.free_reqs.push(r);
         self.tracked -= 1;
-        true
     }
 
     /// Whether an id of `len` bytes is stored inline.
     #[inline]
     fn is_inline(&self, len: u16) -> bool {
         usize::from(len) <= self.inline.stride()
-    }
-
-    /// One scheduler step: hands every engine that is due at `now` to `sink`
-    /// and throttles it for the heartbeat interval. Returns how many engines
-    /// were due. The batches borrow the tracker only for the call.
-    ///
-    /// An engine whose due time lies more than one interval after `now` is
-    /// taken as due too: that only happens when `now` went backwards (a
-    /// caller bug), and it bounds the resulting silence to one interval.
-    pub fn due<S>(&mut self, now: Instant, mut sink: S) -> u32
-    where
-        S: FnMut(EngineBatch<'_>),
-    {
-        let horizon = now.saturating_add(self.interval);
-        let mut due = 0;
-        let mut k = 0;
-        while let Some(e) = self.live.get(k) {
-            k += 1;
-            let eng = &mut self.engines[e as usize];
-            if eng.next_due > now && eng.next_due <= horizon {
-                continue;
-            }
-            eng.next_due = horizon;
-            due += 1;
-            self.counters.engines_due += 1;
-            self.counters.requests_due += u64::from(eng.len);
-            sink(EngineBatch {
-                tracker: self,
-                engine: e,
-            });
-        }
-        due
     }
 
     /// The live engine behind `handle`, if it still exists (for a send that
@@ -814,6 +863,7 @@ impl HeartbeatTracker {
         (eng.len > 0 && eng.generation == handle.generation).then_some(EngineBatch {
             tracker: self,
             engine: handle.index,
+            reason: BatchReason::Due,
         })
     }
 
@@ -823,6 +873,7 @@ impl HeartbeatTracker {
         Some(EngineBatch {
             tracker: self,
             engine: self.links[r as usize].engine,
+            reason: BatchReason::Due,
         })
     }
 
@@ -838,6 +889,7 @@ impl HeartbeatTracker {
             self.live.get(k).map(|e| EngineBatch {
                 tracker: self,
                 engine: e,
+                reason: BatchReason::Due,
             })
         })
     }
@@ -863,12 +915,12 @@ impl HeartbeatTracker {
 
     /// The lease of the member at `pos`, if it has one.
     #[inline]
-    fn lease(&self, pos: u32) -> Option<CompactEntry> {
+    fn lease(&self, pos: u32) -> Option<LeaseFields> {
         let m = &self.members[pos as usize];
         if !m.leased {
             return None;
         }
-        Nonce::new(m.nonce).map(|nonce| CompactEntry {
+        Nonce::new(m.nonce).map(|nonce| LeaseFields {
             slot: m.slot,
             nonce,
         })
@@ -876,10 +928,16 @@ impl HeartbeatTracker {
 }
 
 /// One engine and its tracked requests, borrowed from the tracker.
+///
+/// From [`HeartbeatTracker::due`] it says why it was handed over
+/// ([`EngineBatch::reason`]); from the inspection methods
+/// ([`HeartbeatTracker::batch`], [`HeartbeatTracker::engine_of`],
+/// [`HeartbeatTracker::engines`]) the reason is [`BatchReason::Due`].
 #[derive(Clone, Copy)]
 pub struct EngineBatch<'t> {
     tracker: &'t HeartbeatTracker,
     engine: u32,
+    reason: BatchReason,
 }
 
 impl<'t> EngineBatch<'t> {
@@ -899,6 +957,11 @@ impl<'t> EngineBatch<'t> {
     /// The engine's identity.
     pub fn key(&self) -> EngineKey<'t> {
         decode_key(self.tracker.keys.id(self.engine))
+    }
+
+    /// Why the engine was handed over this step.
+    pub fn reason(&self) -> BatchReason {
+        self.reason
     }
 
     /// P's pipeline-parallel size, from the engine's first request.
@@ -950,7 +1013,8 @@ impl<'t> EngineBatch<'t> {
     /// [`EngineBatch::all_leased`]).
     pub fn leases(&self) -> impl Iterator<Item = CompactEntry> + Clone + 't {
         let t = self.tracker;
-        self.positions().filter_map(move |p| t.lease(p))
+        self.positions()
+            .filter_map(move |p| t.lease(p).map(CompactEntry::from))
     }
 
     /// Each request's P-side id and lease together, in no particular order.
@@ -960,11 +1024,60 @@ impl<'t> EngineBatch<'t> {
     }
 }
 
+impl sealed::Sealed for EngineBatch<'_> {}
+
+impl HeartbeatBatch for EngineBatch<'_> {
+    fn handle(&self) -> EngineHandle {
+        EngineBatch::handle(self)
+    }
+
+    fn key(&self) -> EngineKey<'_> {
+        EngineBatch::key(self)
+    }
+
+    fn pp_size(&self) -> u32 {
+        EngineBatch::pp_size(self)
+    }
+
+    fn dcp_size(&self) -> u32 {
+        EngineBatch::dcp_size(self)
+    }
+
+    fn reason(&self) -> BatchReason {
+        self.reason
+    }
+
+    fn len(&self) -> usize {
+        EngineBatch::len(self)
+    }
+
+    fn all_leased(&self) -> bool {
+        EngineBatch::all_leased(self)
+    }
+
+    fn id_bytes(&self) -> usize {
+        self.engine().id_bytes as usize
+    }
+
+    fn remotes(&self) -> impl Iterator<Item = TrackedRemote<'_>> + Clone + '_ {
+        EngineBatch::remotes(self)
+    }
+
+    fn remote_request_ids(&self) -> impl Iterator<Item = &str> + Clone + '_ {
+        EngineBatch::remote_request_ids(self)
+    }
+
+    fn leases(&self) -> impl Iterator<Item = CompactEntry> + Clone + '_ {
+        EngineBatch::leases(self)
+    }
+}
+
 impl fmt::Debug for EngineBatch<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EngineBatch")
             .field("key", &self.key())
             .field("handle", &self.handle())
+            .field("reason", &self.reason)
             .field("len", &self.len())
             .finish()
     }

@@ -31,20 +31,40 @@
 //! for the next one. A check resolves in the step after its submission when
 //! the fabric completes the READ at once, else in a later step.
 //!
+//! # One bad slot fails one check
+//!
+//! A READ is refused as a whole when one of its descriptors lies outside the
+//! remote region, so a `remote_lease_slot` beyond what the P rank exports
+//! (a router that mangled `kv_transfer_params`, a P with fewer slots than
+//! the slot claims) would fail every check batched with it. The verifier
+//! therefore checks each slot against the rank's advertised slot count
+//! ([`VerifyTarget::slot_count`], from [`PeerInfo::slot_count`]) before
+//! batching: a slot out of range resolves its own check as
+//! [`Verdict::SlotOutOfRange`] at the next step, without a READ, and the
+//! others are read as usual.
+//!
 //! # Layout
 //!
 //! ```text
-//!  checks:  [Check; capacity]                    token, slot, nonce, up to 8 targets, pending mask
-//!  landing: [AtomicU64; capacity * MAX_TARGETS]  cell c = check * MAX_TARGETS + k, registered
-//!  windows: [AtomicU64; max_agents * WINDOW_SLOTS] one span window per live agent batch, registered
-//!  next:    [u32; capacity * MAX_TARGETS]        intrusive lists of cells, per agent: queued, in flight
-//!  agents:  [AgentBatch; max_agents]             agent, its slot region, its two lists, its READ
+//!  checks:  [Check; capacity]                      token, slot, nonce, up to 8 targets, pending mask
+//!  landing: LandingWords(capacity * MAX_TARGETS)   cell c = check * MAX_TARGETS + k, registered
+//!  windows: LandingWords(max_agents * WINDOW_SLOTS) one span window per live agent batch, registered
+//!  next:    [u32; capacity * MAX_TARGETS]          intrusive lists of cells, per agent: queued, in flight
+//!  agents:  [AgentBatch; max_agents]               agent, its slot region, its two lists, its READ
 //! ```
+//!
+//! The two registered buffers are [`LandingWords`] behind an [`Arc`] shared
+//! with the fabric ([`Fabric::register_landing`]): the fabric's share keeps
+//! them allocated as long as its registration lasts, so dropping the
+//! verifier first is fine, and nothing is leaked for the life of the process
+//! (with the loopback and NIXL fabrics; a fabric that does not override
+//! `register_landing` leaks its share, which is sound).
 //!
 //! # Fail closed
 //!
 //! Every path that cannot prove the lease is a failed KV load: lease fields
-//! missing ([`Verdict::Unverifiable`]), the slot READ failing or timing out
+//! missing ([`Verdict::Unverifiable`]), a slot the P rank does not have
+//! ([`Verdict::SlotOutOfRange`]), the slot READ failing or timing out
 //! ([`Verdict::ReadFailed`]), a slot not holding the nonce
 //! ([`Verdict::Lapsed`]). A verifier that is full refuses the check
 //! ([`VerifyError::Full`]); the caller must then fail the load too.
@@ -55,9 +75,13 @@
 //! allocate nothing (the fabric's own READ path may; see its docs).
 
 use core::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use crate::fabric::{AgentId, Fabric, FabricError, ReadDesc, RegionId, XferId, XferState};
+use crate::collections::{FreeStack, Ring};
+use crate::fabric::{
+    AgentId, Fabric, FabricError, LandingWords, PeerInfo, ReadDesc, RegionId, XferId, XferState,
+};
+use crate::lease_fields::LeaseFields;
 use crate::nonce::Nonce;
 use crate::slots::{LeaseSlots, SLOT_BYTES};
 use crate::time::Instant;
@@ -76,12 +100,46 @@ const NIL: u32 = u32::MAX;
 pub struct VerifyTarget {
     /// The P agent (rank) read from.
     pub agent: AgentId,
-    /// That agent's lease-slot region ([`crate::fabric::PeerInfo::slot_region`]).
+    /// That agent's lease-slot region ([`PeerInfo::slot_region`]).
     pub slot_region: RegionId,
+    /// Lease slots that agent exports ([`PeerInfo::slot_count`]): a
+    /// `remote_lease_slot` at or beyond it is [`Verdict::SlotOutOfRange`].
+    pub slot_count: u32,
+}
+
+impl VerifyTarget {
+    /// The target a completed handshake describes: `agent` with the slot
+    /// region and count it advertised. `None` when the peer exports no lease
+    /// slots (a P started without `kv_lease_verification`): its KV cannot be
+    /// verified, so submit the check without lease fields, which fails it
+    /// as [`Verdict::Unverifiable`].
+    ///
+    /// ```
+    /// use kvlease::consumer::VerifyTarget;
+    /// use kvlease::fabric::{AgentId, PeerInfo, RegionId};
+    ///
+    /// let info = PeerInfo {
+    ///     slot_region: Some(RegionId(0)),
+    ///     slot_count: 4096,
+    ///     compact_heartbeats: true,
+    ///     clock: None,
+    /// };
+    /// let t = VerifyTarget::from_peer(AgentId(3), &info).unwrap();
+    /// assert_eq!((t.agent, t.slot_region, t.slot_count), (AgentId(3), RegionId(0), 4096));
+    /// assert!(VerifyTarget::from_peer(AgentId(3), &PeerInfo { slot_region: None, ..info }).is_none());
+    /// ```
+    pub fn from_peer(agent: AgentId, info: &PeerInfo) -> Option<VerifyTarget> {
+        Some(VerifyTarget {
+            agent,
+            slot_region: info.slot_region?,
+            slot_count: info.slot_count,
+        })
+    }
 }
 
 /// What the check found. Only [`Verdict::Verified`] may be used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Verdict {
     /// Every slot still held the nonce: the pulled KV is the request's own.
     Verified,
@@ -91,8 +149,26 @@ pub enum Verdict {
     /// The request carried no lease fields (a router dropped them, or P had
     /// no free slot). Fail the load.
     Unverifiable,
+    /// The request's `remote_lease_slot` is not below the slot count some P
+    /// rank advertised: it names no slot there, so nothing can be verified.
+    /// Fail the load. (Only this check fails: see the module docs.)
+    SlotOutOfRange,
     /// The slot READ failed. Fail the load.
     ReadFailed(FabricError),
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Verdict::Verified => f.write_str("lease verified"),
+            Verdict::Lapsed => f.write_str("lease lapsed before the READ finished"),
+            Verdict::Unverifiable => f.write_str("no lease fields: KV cannot be verified"),
+            Verdict::SlotOutOfRange => {
+                f.write_str("remote_lease_slot beyond the slots P exports: KV cannot be verified")
+            }
+            Verdict::ReadFailed(e) => write!(f, "lease slot READ failed: {e}"),
+        }
+    }
 }
 
 impl Verdict {
@@ -107,8 +183,9 @@ impl Verdict {
             match v {
                 Verdict::Verified => 0,
                 Verdict::Unverifiable => 1,
-                Verdict::ReadFailed(_) => 2,
-                Verdict::Lapsed => 3,
+                Verdict::SlotOutOfRange => 2,
+                Verdict::ReadFailed(_) => 3,
+                Verdict::Lapsed => 4,
             }
         }
         if rank(other) > rank(self) {
@@ -121,6 +198,7 @@ impl Verdict {
 
 /// Why a check was refused. The caller must fail the KV load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum VerifyError {
     /// `capacity` checks are waiting.
     Full,
@@ -144,6 +222,7 @@ impl std::error::Error for VerifyError {}
 
 /// Event counts since construction.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct VerifierCounters {
     /// Checks accepted.
     pub submitted: u64,
@@ -155,6 +234,8 @@ pub struct VerifierCounters {
     pub lapsed: u64,
     /// Verdicts: unverifiable.
     pub unverifiable: u64,
+    /// Verdicts: slot out of range (no READ was posted for them).
+    pub slot_out_of_range: u64,
     /// Verdicts: slot READ failed.
     pub read_failed: u64,
     /// Slot READs posted (one per agent per batch).
@@ -192,22 +273,21 @@ struct AgentBatch {
 #[derive(Debug)]
 pub struct LeaseVerifier {
     checks: Box<[Check]>,
-    free: Vec<u32>,
-    /// Registered landing cells. Leaked on purpose: the fabric keeps the
-    /// registration (and may write into it) until it is dropped, which may
-    /// be after this verifier; a `'static` buffer can never dangle.
-    landing: &'static [AtomicU64],
+    free: FreeStack,
+    /// Registered landing cells, shared with the fabric (module docs).
+    landing: Arc<LandingWords>,
     landing_region: RegionId,
     /// One window of `WINDOW_SLOTS` words per live agent batch, for span
-    /// READs; registered and leaked like `landing`.
-    windows: &'static [AtomicU64],
+    /// READs; registered and shared like `landing`.
+    windows: Arc<LandingWords>,
     windows_region: RegionId,
-    free_windows: Vec<u32>,
+    free_windows: FreeStack,
     next: Box<[u32]>,
     agents: Vec<AgentBatch>,
     max_agents: usize,
     descs: Vec<ReadDesc>,
-    done: Vec<u32>,
+    /// Checks with a verdict, reported at the next step (each at most once).
+    done: Ring<u32>,
     counters: VerifierCounters,
 }
 
@@ -215,29 +295,18 @@ impl LeaseVerifier {
     /// A verifier for up to `capacity` waiting checks against up to
     /// `max_agents` distinct P agents, with its landing cells registered on
     /// `fabric`. Allocates `capacity * 8 * 8` bytes of landing cells and
-    /// `max_agents * 8 KiB` of span windows once, for the life of the process.
+    /// `max_agents * 8 KiB` of span windows, shared with the fabric: they
+    /// are freed once both the verifier and the fabric are dropped.
     pub fn new<F: Fabric>(
         fabric: &mut F,
         capacity: u32,
         max_agents: u32,
     ) -> Result<LeaseVerifier, FabricError> {
         let cells = capacity as usize * MAX_TARGETS;
-        let landing: &'static [AtomicU64] =
-            Box::leak((0..cells.max(1)).map(|_| AtomicU64::new(0)).collect());
-        // SAFETY: `landing` is 'static, so it outlives the registration. We
-        // never hold a plain reference into it: every local access is an
-        // atomic load or store, and cells are only read after the READ that
-        // writes them has completed.
-        let landing_region = unsafe {
-            fabric.register_memory(landing.as_ptr() as *mut u8, landing.len() * SLOT_BYTES)?
-        };
-        let window_words = max_agents.max(1) as usize * WINDOW_SLOTS as usize;
-        let windows: &'static [AtomicU64] =
-            Box::leak((0..window_words).map(|_| AtomicU64::new(0)).collect());
-        // SAFETY: as for `landing`.
-        let windows_region = unsafe {
-            fabric.register_memory(windows.as_ptr() as *mut u8, windows.len() * SLOT_BYTES)?
-        };
+        let landing = LandingWords::new(cells);
+        let landing_region = fabric.register_landing(Arc::clone(&landing))?;
+        let windows = LandingWords::new(max_agents.max(1) as usize * WINDOW_SLOTS as usize);
+        let windows_region = fabric.register_landing(Arc::clone(&windows))?;
         let placeholder = Check {
             token: 0,
             slot: 0,
@@ -248,17 +317,17 @@ impl LeaseVerifier {
         };
         Ok(LeaseVerifier {
             checks: vec![placeholder; capacity as usize].into_boxed_slice(),
-            free: (0..capacity).rev().collect(),
+            free: FreeStack::full(capacity),
             landing,
             landing_region,
             windows,
             windows_region,
-            free_windows: (0..max_agents.max(1)).rev().collect(),
+            free_windows: FreeStack::full(max_agents.max(1)),
             next: vec![NIL; cells].into_boxed_slice(),
             agents: Vec::with_capacity(max_agents as usize),
             max_agents: max_agents as usize,
             descs: Vec::with_capacity(capacity as usize),
-            done: Vec::with_capacity(capacity as usize),
+            done: Ring::new(capacity, 0),
             counters: VerifierCounters::default(),
         })
     }
@@ -270,17 +339,23 @@ impl LeaseVerifier {
 
     /// Checks accepted and not yet reported.
     pub fn waiting(&self) -> usize {
-        self.checks.len() - self.free.len()
+        (self.free.capacity() - self.free.len()) as usize
     }
 
     /// Submits the check for request `token` (any caller value, returned with
     /// the verdict) once **all** its block READs completed. `lease` is the
-    /// request's (`remote_lease_slot`, `remote_lease_nonce`), `None` when
-    /// `kv_transfer_params` lacked them; `targets` are the P ranks read from.
+    /// request's (`remote_lease_slot`, `remote_lease_nonce`)
+    /// ([`crate::consumer::RemotePrefillParams::lease_fields`]), `None` when
+    /// `kv_transfer_params` lacked them; `targets` are the P ranks read from
+    /// ([`VerifyTarget::from_peer`]).
+    ///
+    /// Without lease fields the check is [`Verdict::Unverifiable`]; with a
+    /// slot some target does not export, [`Verdict::SlotOutOfRange`]; both
+    /// are reported at the next step without a READ.
     pub fn submit(
         &mut self,
         token: u64,
-        lease: Option<(u32, Nonce)>,
+        lease: Option<LeaseFields>,
         targets: &[VerifyTarget],
     ) -> Result<(), VerifyError> {
         let targets = if lease.is_some() { targets } else { &[] };
@@ -288,6 +363,10 @@ impl LeaseVerifier {
             self.counters.refused += 1;
             return Err(VerifyError::BadTargets);
         }
+        // Checked here, before batching: a slot beyond a rank's region would
+        // make the fabric refuse the whole READ, failing every check in it.
+        let out_of_range = lease.is_some_and(|l| targets.iter().any(|t| l.slot >= t.slot_count));
+        let targets = if out_of_range { &[] } else { targets };
         // Every target's agent must have (or get) a batch; check before taking a check.
         let new_agents = targets
             .iter()
@@ -315,11 +394,16 @@ impl LeaseVerifier {
             verdict: Verdict::Verified,
             in_use: true,
         };
-        let Some((slot, nonce)) = lease else {
+        let Some(LeaseFields { slot, nonce }) = lease else {
             check.verdict = Verdict::Unverifiable;
-            self.done.push(c);
+            self.resolved(c);
             return Ok(());
         };
+        if out_of_range {
+            check.verdict = Verdict::SlotOutOfRange;
+            self.resolved(c);
+            return Ok(());
+        }
         check.slot = slot;
         check.nonce = nonce;
         for (k, t) in targets.iter().enumerate() {
@@ -381,7 +465,7 @@ impl LeaseVerifier {
                 b += 1;
             }
         }
-        for c in self.done.drain(..) {
+        while let Some(c) = self.done.pop() {
             let check = &mut self.checks[c as usize];
             debug_assert!(check.in_use && check.pending == 0);
             check.in_use = false;
@@ -389,11 +473,19 @@ impl LeaseVerifier {
                 Verdict::Verified => self.counters.verified += 1,
                 Verdict::Lapsed => self.counters.lapsed += 1,
                 Verdict::Unverifiable => self.counters.unverifiable += 1,
+                Verdict::SlotOutOfRange => self.counters.slot_out_of_range += 1,
                 Verdict::ReadFailed(_) => self.counters.read_failed += 1,
             }
             report(check.token, check.verdict);
             self.free.push(c);
         }
+    }
+
+    /// Queues check `c`, whose verdict is known, for the next report. The
+    /// ring holds every check, and a check is queued once per submission.
+    fn resolved(&mut self, c: u32) {
+        let queued = self.done.push(c);
+        debug_assert!(queued, "a check is queued once");
     }
 
     fn poll<F: Fabric>(&mut self, fabric: &mut F, b: usize, now: Instant) {
@@ -431,8 +523,8 @@ impl LeaseVerifier {
             let base = batch.window as usize * WINDOW_SLOTS as usize;
             // Zero first: a fabric that reports Done without writing must
             // not leave an earlier check's nonce to be compared.
-            for w in &self.windows[base..base + span as usize] {
-                w.store(0, Ordering::Relaxed);
+            for w in base..base + span as usize {
+                self.windows.reset(w);
             }
             self.descs.push(ReadDesc {
                 local: self.windows_region,
@@ -446,7 +538,7 @@ impl LeaseVerifier {
             let mut cell = batch.queued;
             while cell != NIL {
                 let check = &self.checks[(cell / MAX_TARGETS as u32) as usize];
-                self.landing[cell as usize].store(0, Ordering::Relaxed);
+                self.landing.reset(cell as usize);
                 self.descs.push(ReadDesc {
                     local: self.landing_region,
                     local_offset: u64::from(cell) * SLOT_BYTES as u64,
@@ -473,14 +565,13 @@ impl LeaseVerifier {
 
     /// The word a completed READ left for `cell` of batch `b`.
     fn landed(&self, b: usize, cell: u32, slot: u32) -> u64 {
-        let word = match self.agents[b].span_base {
+        match self.agents[b].span_base {
             Some(lo) => {
                 let base = self.agents[b].window as usize * WINDOW_SLOTS as usize;
-                &self.windows[base + (slot - lo) as usize]
+                self.windows.load(base + slot.saturating_sub(lo) as usize)
             }
-            None => &self.landing[cell as usize],
-        };
-        u64::from_le(word.load(Ordering::Acquire))
+            None => self.landing.load(cell as usize),
+        }
     }
 
     /// Resolves every in-flight cell of batch `b`: by comparing its landing
@@ -503,7 +594,7 @@ impl LeaseVerifier {
             check.verdict = check.verdict.worse(verdict);
             check.pending &= !(1 << k);
             if check.pending == 0 {
-                self.done.push(c);
+                self.resolved(c);
             }
             cell = next;
         }
@@ -513,8 +604,7 @@ impl LeaseVerifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fabric::{HandshakeState, PeerInfo};
-    use std::sync::Arc;
+    use crate::fabric::HandshakeState;
 
     /// A fabric whose remote agents are slot arrays in this process. READs
     /// complete when the test says so, copying the remote words at that
@@ -590,6 +680,15 @@ mod tests {
             if let Some(e) = self.fail_next.take() {
                 return Err(e);
             }
+            // Like the real fabrics: one descriptor outside the remote
+            // region refuses the whole READ.
+            let slots = self.remotes.get(from.0 as usize).map_or(0, |r| r.len());
+            if descs
+                .iter()
+                .any(|d| d.remote_offset + d.len > u64::from(slots) * SLOT_BYTES as u64)
+            {
+                return Err(FabricError::OutOfBounds);
+            }
             self.reads.push((from, descs.to_vec(), false));
             Ok(XferId(self.reads.len() as u64 - 1))
         }
@@ -620,15 +719,17 @@ mod tests {
         fn cancel_read(&mut self, _: XferId) {}
     }
 
-    fn target(agent: u32) -> VerifyTarget {
+    /// Agent `agent` of `f`, with the slot count it exports.
+    fn target(f: &FakeFabric, agent: u32) -> VerifyTarget {
         VerifyTarget {
             agent: AgentId(agent),
             slot_region: RegionId(0),
+            slot_count: f.remotes[agent as usize].len(),
         }
     }
 
-    fn n(x: u64) -> Nonce {
-        Nonce::new(x).unwrap()
+    fn lf(slot: u32, nonce: u64) -> Option<LeaseFields> {
+        LeaseFields::from_params(Some(slot), Some(nonce))
     }
 
     fn run(v: &mut LeaseVerifier, f: &mut FakeFabric) -> Vec<(u64, Verdict)> {
@@ -644,8 +745,8 @@ mod tests {
         f.remotes[0].publish(3, 77);
         f.remotes[0].publish(4, 88);
         let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
-        v.submit(1, Some((3, n(77))), &[target(0)]).unwrap();
-        v.submit(2, Some((4, n(88))), &[target(0)]).unwrap();
+        v.submit(1, lf(3, 77), &[target(&f, 0)]).unwrap();
+        v.submit(2, lf(4, 88), &[target(&f, 0)]).unwrap();
         f.complete = false;
         assert!(run(&mut v, &mut f).is_empty(), "READ still in flight");
         // The lease of token 2 lapses while the slot READ is in flight.
@@ -676,9 +777,9 @@ mod tests {
         }
         f.remotes[2].clear(1);
         let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
-        v.submit(7, Some((1, n(5))), &[target(0), target(1), target(2)])
+        v.submit(7, lf(1, 5), &[target(&f, 0), target(&f, 1), target(&f, 2)])
             .unwrap();
-        v.submit(8, Some((1, n(5))), &[target(0), target(1)])
+        v.submit(8, lf(1, 5), &[target(&f, 0), target(&f, 1)])
             .unwrap();
         assert_eq!(
             run(&mut v, &mut f),
@@ -693,7 +794,7 @@ mod tests {
         f.remotes[0].publish(0, 5);
         let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
         v.submit(1, None, &[]).unwrap();
-        v.submit(2, Some((0, n(5))), &[target(0)]).unwrap();
+        v.submit(2, lf(0, 5), &[target(&f, 0)]).unwrap();
         f.fail_next = Some(FabricError::PeerUnreachable);
         assert_eq!(
             run(&mut v, &mut f),
@@ -702,9 +803,199 @@ mod tests {
                 (2, Verdict::ReadFailed(FabricError::PeerUnreachable))
             ]
         );
-        // Out-of-range slot: the remote word reads as 0, never as the nonce.
-        v.submit(3, Some((1000, n(5))), &[target(0)]).unwrap();
-        assert_eq!(run(&mut v, &mut f), [(3, Verdict::Lapsed)]);
+        // A slot the rank does not export: refused before any READ.
+        v.submit(3, lf(1000, 5), &[target(&f, 0)]).unwrap();
+        assert_eq!(run(&mut v, &mut f), [(3, Verdict::SlotOutOfRange)]);
+        assert_eq!(f.reads.len(), 0, "no READ was posted for it");
+        assert_eq!(v.counters().slot_out_of_range, 1);
+    }
+
+    /// Issue 8 item 6. Before the slot was checked against the rank's slot
+    /// count, the bad slot's descriptor made the fabric refuse the whole
+    /// READ: both checks came back `ReadFailed(OutOfBounds)`. Slot 100 is
+    /// within a span window of slot 3 (the shared-span path), slot 5000 is
+    /// not (the per-slot path).
+    #[test]
+    fn a_slot_beyond_the_peer_fails_only_its_own_check() {
+        for (bad_slot, coalesced) in [(100u32, 1u64), (5000, 1)] {
+            let mut f = FakeFabric::new(1, 64);
+            f.remotes[0].publish(3, 77);
+            f.remotes[0].publish(9, 99);
+            let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
+            v.submit(1, lf(3, 77), &[target(&f, 0)]).unwrap();
+            v.submit(2, lf(bad_slot, 5), &[target(&f, 0)]).unwrap();
+            v.submit(3, lf(9, 99), &[target(&f, 0)]).unwrap();
+            assert_eq!(
+                run(&mut v, &mut f),
+                [
+                    (1, Verdict::Verified),
+                    (2, Verdict::SlotOutOfRange),
+                    (3, Verdict::Verified)
+                ],
+                "bad slot {bad_slot}"
+            );
+            assert_eq!(f.reads.len(), 1);
+            assert_eq!(v.counters().coalesced_reads, coalesced);
+        }
+        // The per-slot path proper: the good slots themselves lie further
+        // apart than a window, so each is its own descriptor.
+        let mut f = FakeFabric::new(1, 4096);
+        f.remotes[0].publish(0, 10);
+        f.remotes[0].publish(4000, 40);
+        let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
+        v.submit(1, lf(0, 10), &[target(&f, 0)]).unwrap();
+        v.submit(2, lf(4096, 5), &[target(&f, 0)]).unwrap();
+        v.submit(3, lf(4000, 40), &[target(&f, 0)]).unwrap();
+        assert_eq!(
+            run(&mut v, &mut f),
+            [
+                (1, Verdict::Verified),
+                (2, Verdict::SlotOutOfRange),
+                (3, Verdict::Verified)
+            ]
+        );
+        assert_eq!(
+            f.reads[0].1.len(),
+            2,
+            "one 8-byte descriptor per good check"
+        );
+        assert_eq!(v.counters().coalesced_reads, 0);
+    }
+
+    /// With several P ranks the smallest slot count decides: a slot that one
+    /// rank lacks cannot be verified there, so the check fails as a whole,
+    /// and nothing is read for it on the other ranks either.
+    #[test]
+    fn a_slot_one_rank_lacks_fails_the_check_without_reads() {
+        let mut f = FakeFabric::new(2, 64);
+        f.remotes[0].publish(3, 7);
+        f.remotes[1].publish(3, 7);
+        let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
+        let small = VerifyTarget {
+            slot_count: 3,
+            ..target(&f, 1)
+        };
+        v.submit(1, lf(3, 7), &[target(&f, 0), small]).unwrap();
+        assert_eq!(run(&mut v, &mut f), [(1, Verdict::SlotOutOfRange)]);
+        assert!(f.reads.is_empty());
+        assert_eq!(v.waiting(), 0);
+    }
+
+    #[test]
+    fn from_peer_takes_the_advertised_region_and_count() {
+        let info = PeerInfo {
+            slot_region: Some(RegionId(2)),
+            slot_count: 48,
+            compact_heartbeats: false,
+            clock: None,
+        };
+        assert_eq!(
+            VerifyTarget::from_peer(AgentId(5), &info),
+            Some(VerifyTarget {
+                agent: AgentId(5),
+                slot_region: RegionId(2),
+                slot_count: 48
+            })
+        );
+        let none = PeerInfo {
+            slot_region: None,
+            ..info
+        };
+        assert_eq!(VerifyTarget::from_peer(AgentId(5), &none), None);
+    }
+
+    /// Issue 8 item 8: the landing buffers are shared with the fabric, not
+    /// leaked. A fabric that keeps its share holds the only one once the
+    /// verifier is gone, so the buffers die with the fabric.
+    #[test]
+    fn landing_buffers_are_shared_with_the_fabric_not_leaked() {
+        struct Keeping {
+            inner: FakeFabric,
+            kept: Vec<Arc<LandingWords>>,
+        }
+        impl Fabric for Keeping {
+            fn name(&self) -> &str {
+                "keeping"
+            }
+            fn register_slots(
+                &mut self,
+                s: Arc<LeaseSlots>,
+                c: bool,
+            ) -> Result<RegionId, FabricError> {
+                self.inner.register_slots(s, c)
+            }
+            unsafe fn register_memory(
+                &mut self,
+                ptr: *mut u8,
+                len: usize,
+            ) -> Result<RegionId, FabricError> {
+                // SAFETY: passed on under the caller's contract.
+                unsafe { self.inner.register_memory(ptr, len) }
+            }
+            fn register_landing(
+                &mut self,
+                words: Arc<LandingWords>,
+            ) -> Result<RegionId, FabricError> {
+                // SAFETY: `kept` holds the words until this fabric is dropped.
+                let id = unsafe {
+                    self.inner
+                        .register_memory(words.as_ptr().cast_mut(), words.byte_len())?
+                };
+                self.kept.push(words);
+                Ok(id)
+            }
+            fn max_notification_len(&self) -> usize {
+                self.inner.max_notification_len()
+            }
+            fn start_handshake(&mut self, a: &str, now: Instant) -> Result<AgentId, FabricError> {
+                self.inner.start_handshake(a, now)
+            }
+            fn handshake_state(&mut self, a: AgentId, now: Instant) -> HandshakeState {
+                self.inner.handshake_state(a, now)
+            }
+            fn send_notification(&mut self, a: AgentId, m: &[u8]) -> Result<(), FabricError> {
+                self.inner.send_notification(a, m)
+            }
+            fn drain_notifications(
+                &mut self,
+                s: &mut dyn FnMut(&str, &[u8]),
+            ) -> Result<usize, FabricError> {
+                self.inner.drain_notifications(s)
+            }
+            fn post_read(
+                &mut self,
+                from: AgentId,
+                d: &[ReadDesc],
+                n: Option<&[u8]>,
+                now: Instant,
+            ) -> Result<XferId, FabricError> {
+                self.inner.post_read(from, d, n, now)
+            }
+            fn read_state(&mut self, x: XferId, now: Instant) -> XferState {
+                self.inner.read_state(x, now)
+            }
+            fn cancel_read(&mut self, x: XferId) {
+                self.inner.cancel_read(x)
+            }
+        }
+        let mut f = Keeping {
+            inner: FakeFabric::new(1, 8),
+            kept: Vec::new(),
+        };
+        f.inner.remotes[0].publish(2, 9);
+        let mut v = LeaseVerifier::new(&mut f, 4, 2).unwrap();
+        assert_eq!(f.kept.len(), 2, "landing cells and span windows");
+        assert!(f.kept.iter().all(|w| Arc::strong_count(w) == 2));
+        let t = target(&f.inner, 0);
+        v.submit(1, lf(2, 9), &[t]).unwrap();
+        let mut got = Vec::new();
+        v.step(&mut f, Instant::ZERO, |t, verdict| got.push((t, verdict)));
+        assert_eq!(got, [(1, Verdict::Verified)]);
+        drop(v);
+        assert!(
+            f.kept.iter().all(|w| Arc::strong_count(w) == 1),
+            "the fabric's share is the last: freed with the fabric"
+        );
     }
 
     #[test]
@@ -715,8 +1006,8 @@ mod tests {
         }
         let mut v = LeaseVerifier::new(&mut f, 8, 2).unwrap();
         // Slots 0 and 7: one 64-byte descriptor.
-        v.submit(1, Some((0, n(10))), &[target(0)]).unwrap();
-        v.submit(2, Some((7, n(17))), &[target(0)]).unwrap();
+        v.submit(1, lf(0, 10), &[target(&f, 0)]).unwrap();
+        v.submit(2, lf(7, 17), &[target(&f, 0)]).unwrap();
         assert_eq!(
             run(&mut v, &mut f),
             [(1, Verdict::Verified), (2, Verdict::Verified)]
@@ -724,8 +1015,8 @@ mod tests {
         assert_eq!(f.reads[0].1.len(), 1);
         assert_eq!(f.reads[0].1[0].len, 64);
         // Slots 0 and 5000 are further apart than a window: two 8-byte descriptors.
-        v.submit(3, Some((0, n(10))), &[target(0)]).unwrap();
-        v.submit(4, Some((5000, n(51))), &[target(0)]).unwrap();
+        v.submit(3, lf(0, 10), &[target(&f, 0)]).unwrap();
+        v.submit(4, lf(5000, 51), &[target(&f, 0)]).unwrap();
         assert_eq!(
             run(&mut v, &mut f),
             [(3, Verdict::Verified), (4, Verdict::Lapsed)]
@@ -741,27 +1032,24 @@ mod tests {
     fn refusals_are_typed() {
         let mut f = FakeFabric::new(3, 4);
         let mut v = LeaseVerifier::new(&mut f, 2, 2).unwrap();
+        assert_eq!(v.submit(1, lf(0, 1), &[]), Err(VerifyError::BadTargets));
         assert_eq!(
-            v.submit(1, Some((0, n(1))), &[]),
+            v.submit(1, lf(0, 1), &[target(&f, 0); 9]),
             Err(VerifyError::BadTargets)
         );
         assert_eq!(
-            v.submit(1, Some((0, n(1))), &[target(0); 9]),
-            Err(VerifyError::BadTargets)
-        );
-        assert_eq!(
-            v.submit(1, Some((0, n(1))), &[target(0), target(1), target(2)]),
+            v.submit(1, lf(0, 1), &[target(&f, 0), target(&f, 1), target(&f, 2)]),
             Err(VerifyError::TooManyAgents)
         );
-        v.submit(1, Some((0, n(1))), &[target(0)]).unwrap();
-        v.submit(2, Some((0, n(1))), &[target(1)]).unwrap();
+        v.submit(1, lf(0, 1), &[target(&f, 0)]).unwrap();
+        v.submit(2, lf(0, 1), &[target(&f, 1)]).unwrap();
         assert_eq!(
-            v.submit(3, Some((0, n(1))), &[target(0)]),
+            v.submit(3, lf(0, 1), &[target(&f, 0)]),
             Err(VerifyError::Full)
         );
         assert_eq!(v.counters().refused, 4);
         assert_eq!(run(&mut v, &mut f).len(), 2);
         // Agents with nothing waiting are forgotten, so new ones fit.
-        v.submit(4, Some((0, n(1))), &[target(2)]).unwrap();
+        v.submit(4, lf(0, 1), &[target(&f, 2)]).unwrap();
     }
 }

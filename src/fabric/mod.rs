@@ -27,10 +27,13 @@
 
 use core::fmt;
 
+pub use landing::LandingWords;
+
 use crate::slots::LeaseSlots;
 use crate::time::Instant;
 use std::sync::Arc;
 
+mod landing;
 pub mod loopback;
 #[cfg(all(feature = "nixl", not(loom)))]
 pub mod nixl;
@@ -190,6 +193,24 @@ pub trait Fabric {
     /// exactly what a lease guarantees).
     unsafe fn register_memory(&mut self, ptr: *mut u8, len: usize)
         -> Result<RegionId, FabricError>;
+
+    /// Registers a landing buffer for this agent's READs and keeps a share
+    /// of it ([`Arc`]) as long as the registration lasts, which is until the
+    /// fabric is dropped: the buffer's other owners may drop theirs at any
+    /// time without leaving the registration dangling.
+    ///
+    /// The default registers through [`Fabric::register_memory`] and leaks
+    /// its share (the buffer then lives as long as the process), which is
+    /// sound for any fabric; the loopback and NIXL fabrics keep the share
+    /// and free the buffer once both sides are done with it.
+    fn register_landing(&mut self, words: Arc<LandingWords>) -> Result<RegionId, FabricError> {
+        // SAFETY: the share is leaked below, so the words are never freed
+        // and, being a boxed slice, never move; every Rust-side access to
+        // them is atomic (see `LandingWords`).
+        let id = unsafe { self.register_memory(words.as_ptr().cast_mut(), words.byte_len())? };
+        core::mem::forget(words);
+        Ok(id)
+    }
 
     /// Largest notification this fabric sends in one message. Encoders split
     /// batches to fit.

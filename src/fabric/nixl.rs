@@ -195,8 +195,8 @@ use nixl_sys::{
 };
 
 use super::{
-    AgentId, ClockSample, Fabric, FabricError, HandshakeState, PeerInfo, ReadDesc, RegionId,
-    XferId, XferState,
+    AgentId, ClockSample, Fabric, FabricError, HandshakeState, LandingWords, PeerInfo, ReadDesc,
+    RegionId, XferId, XferState,
 };
 use crate::slots::LeaseSlots;
 use crate::sync::{AtomicU32, Ordering};
@@ -522,6 +522,9 @@ pub struct NixlFabric {
     reads_free: Vec<u32>,
     regions: Vec<LocalRegion>,
     slot_arrays: Vec<Arc<LeaseSlots>>,
+    /// Shares of the landing buffers registered with `register_landing`,
+    /// dropped after the registrations above them.
+    landing: Vec<Arc<LandingWords>>,
     slot_advert: Option<(RegionId, u32, bool)>,
     notif_map: NotificationMap,
     opt_plain: OptArgs,
@@ -626,6 +629,7 @@ impl NixlFabric {
             reads_free: (0..inflight as u32).rev().collect(),
             regions: Vec::new(),
             slot_arrays: Vec::new(),
+            landing: Vec::new(),
             slot_advert: None,
             notif_map,
             opt_plain,
@@ -993,6 +997,15 @@ impl Fabric for NixlFabric {
     ) -> Result<RegionId, FabricError> {
         let id = self.register_region(ptr as usize, len, RegionKind::Raw)?;
         self.publish_advert()?;
+        Ok(id)
+    }
+
+    fn register_landing(&mut self, words: Arc<LandingWords>) -> Result<RegionId, FabricError> {
+        let id =
+            self.register_region(words.as_ptr() as usize, words.byte_len(), RegionKind::Raw)?;
+        self.publish_advert()?;
+        // Keeps the words alive as long as the registration (field order).
+        self.landing.push(words);
         Ok(id)
     }
 

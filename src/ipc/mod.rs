@@ -61,12 +61,16 @@
 //! |---|---|---|
 //! | [`MsgKind::Directives`] | P scheduler → every P worker | [`directive`]: grant, start, cancel |
 //! | [`MsgKind::RankReports`] | one P worker → P scheduler | [`report`]: (entry, nonce, why released) |
+//! | [`MsgKind::HeartbeatPlan`] | D scheduler → every D worker | [`plan`]: due, owed and gone engines; their members (P-side id, lease) |
+//! | [`MsgKind::VerifyOutcomes`] | one D worker → D scheduler | [`outcome`]: (D-side id, verdict); owed engines |
 
 use core::fmt;
 
 mod frame;
 
 pub mod directive;
+pub mod outcome;
+pub mod plan;
 pub mod report;
 
 pub use frame::{FrameHeader, FRAME_HEADER_LEN, FRAME_MAGIC, FRAME_VERSION, FROM_SCHEDULER};

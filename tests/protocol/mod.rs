@@ -697,17 +697,16 @@ pub fn verifier_tells_held_from_lapsed<H: Pair>(h: &mut H) {
     let (agent, info) = handshake(h, &mut p);
     let landing = Landing::on_d(h);
     let mut verifier = LeaseVerifier::new(h.d_fabric(), 8, 4).expect("verifier");
-    let target = [VerifyTarget {
-        agent,
-        slot_region: info.slot_region.expect("P exports slots"),
-    }];
+    let target = [VerifyTarget::from_peer(agent, &info).expect("P exports slots")];
 
     let now = h.now();
     let g1 = p.book.grant("cmpl-v1", now).unwrap();
     let kvlease::LeaseFields { slot, nonce } = g1.lease_fields().expect("a verifiable lease");
     assert_eq!(p.slot_word(slot), nonce.get());
     read_blocks(h, &mut p, agent, &landing, None);
-    verifier.submit(1, Some((slot, nonce)), &target).unwrap();
+    verifier
+        .submit(1, Some(kvlease::LeaseFields { slot, nonce }), &target)
+        .unwrap();
     assert_eq!(verify(h, &mut p, &mut verifier, 1), Verdict::Verified);
 
     // No heartbeat, no read-done: the lease lapses at its expiry, not before.
@@ -752,9 +751,20 @@ pub fn verifier_tells_held_from_lapsed<H: Pair>(h: &mut H) {
 
     // D's stale check (a READ after the lease lapsed) fails the load.
     read_blocks(h, &mut p, agent, &landing, None);
-    verifier.submit(2, Some((slot, nonce)), &target).unwrap();
+    verifier
+        .submit(2, Some(kvlease::LeaseFields { slot, nonce }), &target)
+        .unwrap();
     assert_eq!(verify(h, &mut p, &mut verifier, 2), Verdict::Lapsed);
-    verifier.submit(3, Some((slot2, nonce2)), &target).unwrap();
+    verifier
+        .submit(
+            3,
+            Some(kvlease::LeaseFields {
+                slot: slot2,
+                nonce: nonce2,
+            }),
+            &target,
+        )
+        .unwrap();
     assert_eq!(verify(h, &mut p, &mut verifier, 3), Verdict::Verified);
     verifier.submit(4, None, &target).unwrap();
     assert_eq!(verify(h, &mut p, &mut verifier, 4), Verdict::Unverifiable);

@@ -92,8 +92,8 @@ use self::memory::{copy_into, Region, RegionTable};
 use self::queue::{Envelope, QueueError, QueueProducer};
 use self::reads::{ReadPlan, ReadTable};
 use crate::fabric::{
-    AgentId, ClockSample, Fabric, FabricError, HandshakeState, PeerInfo, ReadDesc, RegionId,
-    XferId, XferState,
+    AgentId, ClockSample, Fabric, FabricError, HandshakeState, LandingWords, PeerInfo, ReadDesc,
+    RegionId, XferId, XferState,
 };
 use crate::slots::LeaseSlots;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
@@ -561,6 +561,10 @@ pub struct LoopbackFabric {
     reads: ReadTable,
     next_region: u32,
     stats: LoopbackStats,
+    /// Shares of the landing buffers registered with `register_landing`:
+    /// dropped with the fabric, after `Drop::drop` retired the agent (so no
+    /// copy can target them any more).
+    landing: Vec<Arc<LandingWords>>,
 }
 
 impl core::fmt::Debug for LoopbackFabric {
@@ -626,6 +630,7 @@ impl LoopbackFabric {
             ),
             next_region: 0,
             stats: LoopbackStats::default(),
+            landing: Vec::new(),
         })
     }
 
@@ -829,6 +834,16 @@ impl Fabric for LoopbackFabric {
         let region = unsafe { memory::raw_region(ptr, len) };
         let id = record.regions.publish(self.next_region, region)?;
         self.next_region += 1;
+        Ok(id)
+    }
+
+    fn register_landing(&mut self, words: Arc<LandingWords>) -> Result<RegionId, FabricError> {
+        // SAFETY: `self.landing` keeps the words allocated (a boxed slice:
+        // never moved) until this fabric is dropped, and its Drop retires
+        // the agent before the field is dropped; every Rust-side access to
+        // them is atomic.
+        let id = unsafe { self.register_memory(words.as_ptr().cast_mut(), words.byte_len())? };
+        self.landing.push(words);
         Ok(id)
     }
 
