@@ -121,8 +121,8 @@ pub struct LeaseConfig {
 /// *arrives* (vLLM's `on_new_request`), a waiting request holds no KV block
 /// on D, and vLLM's waiting queue is unbounded, so D's blocks + max_num_seqs
 /// (1,088 on a small engine) is no bound on what it must track. 65,536 covers
-/// a deep queue toward several P engines; the tracker reserves about 375
-/// bytes per request with 128-byte ids (24.7 MB in all; 183 bytes per request
+/// a deep queue toward several P engines; the tracker reserves about 383
+/// bytes per request with 128-byte ids (25.2 MB in all; 191 bytes per request
 /// when `kv_lease_max_request_id_len` <= 64), measured in
 /// `tests/consumer_alloc.rs`. A request beyond it is refused with
 /// [`crate::consumer::TrackError::RequestsFull`] and counted in

@@ -15,8 +15,8 @@ use kvlease::fabric::loopback::{LoopbackConfig, LoopbackFabric, LoopbackNetwork,
 use kvlease::Instant;
 
 use cluster::{
-    Cluster, Cmd, DSchedNode, DWorkerNode, Event, Node, Outbox, PRankNode, PSchedNode, Role,
-    Stamped, P_TP, STEP,
+    Cluster, Cmd, DSchedNode, DWorkerNode, Node, Outbox, PRankNode, PSchedNode, Role, Stamped,
+    P_TP, STEP,
 };
 
 struct Member {
@@ -42,6 +42,9 @@ impl LoopbackCluster {
         let net = LoopbackNetwork::new(LoopbackConfig {
             handshake_polls: 2,
             read_latency: Duration::from_millis(1),
+            // A dead peer is silent: its READs time out, as the NIXL
+            // fabric's do (its default transfer timeout).
+            transfer_timeout: Duration::from_secs(5),
             ..LoopbackConfig::default()
         });
         let now = Instant::from_secs(100);

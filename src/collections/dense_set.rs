@@ -60,7 +60,6 @@ impl DenseSet {
     }
 
     /// Whether `i` is present.
-    #[cfg(test)]
     pub(crate) fn contains(&self, i: u32) -> bool {
         matches!(self.pos.get(i as usize), Some(&p) if p != ABSENT)
     }

@@ -48,13 +48,11 @@ impl FreeStack {
     }
 
     /// Free indices left.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> u32 {
         self.len
     }
 
     /// Indices the stack manages (free or taken).
-    #[cfg(test)]
     pub(crate) fn capacity(&self) -> u32 {
         self.items.len() as u32
     }

@@ -33,12 +33,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvlease::consumer::{
-    EngineKey, HeartbeatSender, HeartbeatTracker, LeaseVerifier, RemotePrefillParams,
-    SenderConfig, Verdict, VerifyTarget,
+    EngineKey, HeartbeatSender, HeartbeatTracker, LeaseVerifier, RemotePrefillParams, SenderConfig,
+    Verdict, VerifyTarget,
 };
 use kvlease::fabric::{
-    AgentId, Fabric, HandshakeState, LandingWords, PeerInfo, ReadDesc, RegionId, XferId,
-    XferState,
+    AgentId, Fabric, HandshakeState, PeerInfo, ReadDesc, RegionId, XferId, XferState,
 };
 use kvlease::ipc::outcome::{self, Outcome, OutcomeMsg};
 use kvlease::ipc::plan::HeartbeatPlan;
@@ -406,13 +405,16 @@ impl Node for PSchedNode {
     fn command(&mut self, cmd: &Cmd, now: Instant, out: &mut Outbox) {
         if let Cmd::Prefill(id) = cmd {
             let g = self.sched.grant(id, now).expect("grant");
-            out.events.push(Event::Granted(id.clone(), g.lease_fields()));
+            out.events
+                .push(Event::Granted(id.clone(), g.lease_fields()));
         }
     }
 
     fn deliver(&mut self, from: Role, msg: &[u8], _now: Instant, _out: &mut Outbox) {
         if let Role::PRank(r) = from {
-            self.sched.apply_reports(r, msg).expect("a worker's reports decode");
+            self.sched
+                .apply_reports(r, msg)
+                .expect("a worker's reports decode");
         }
     }
 
@@ -486,7 +488,8 @@ impl<F: Fabric> Node for PRankNode<F> {
     }
 
     fn step(&mut self, now: Instant, out: &mut Outbox) {
-        let (rank, deaf, r) = (&mut self.rank, self.deaf, self.rank.rank());
+        let r = self.rank.rank();
+        let (rank, deaf) = (&mut self.rank, self.deaf);
         let events = &mut out.events;
         self.fabric
             .drain_notifications(&mut |_from, msg| {
@@ -502,7 +505,10 @@ impl<F: Fabric> Node for PRankNode<F> {
             .expect("P drains");
         self.rank.poll(now);
         if self.rank.pending_reports() > 0 {
-            let n = self.rank.encode_reports(&mut self.buf).expect("reports fit");
+            let n = self
+                .rank
+                .encode_reports(&mut self.buf)
+                .expect("reports fit");
             let msg = self.buf[..n].to_vec();
             if let Ok(m) = ReportMsg::decode(&msg) {
                 for rep in m.iter() {
@@ -567,7 +573,8 @@ impl Node for DSchedNode {
         let msg = OutcomeMsg::decode(msg).expect("the worker's outcomes decode");
         self.tracker
             .apply_outcomes(&msg, |id, v| {
-                out.events.push(Event::Outcome(id.to_owned(), verdict_text(v)))
+                out.events
+                    .push(Event::Outcome(id.to_owned(), verdict_text(v)))
             })
             .expect("outcomes apply");
     }
@@ -578,7 +585,7 @@ impl Node for DSchedNode {
             .encode_plan(now, &mut self.buf)
             .expect("the plan fits");
         let plan = HeartbeatPlan::decode(&self.buf[..n]).expect("own plan decodes");
-        if plan.len() > 0 || plan.gone().len() > 0 {
+        if !plan.is_empty() || plan.gone().len() > 0 {
             out.msgs.push(self.buf[..n].to_vec());
         }
     }
@@ -716,7 +723,11 @@ impl<F: Fabric> DWorkerNode<F> {
                         remote_offset: 0,
                         len: (BLOCK_WORDS * 8) as u64,
                     };
-                    match self.sender.fabric_mut().post_read(*agent, &[desc], None, now) {
+                    match self
+                        .sender
+                        .fabric_mut()
+                        .post_read(*agent, &[desc], None, now)
+                    {
                         Ok(x) => xfers.push(Some(x)),
                         Err(e) => {
                             self.loads[k].failed = Some(Verdict::ReadFailed(e));
@@ -824,7 +835,9 @@ impl<F: Fabric> Node for DWorkerNode<F> {
         }
         let mut verdicts = Vec::new();
         let (verifier, sender) = (&mut self.verifier, &mut self.sender);
-        verifier.step(sender.fabric_mut(), now, |token, v| verdicts.push((token, v)));
+        verifier.step(sender.fabric_mut(), now, |token, v| {
+            verdicts.push((token, v))
+        });
         for (token, v) in verdicts {
             self.finish(token as usize, v, out);
         }
@@ -919,9 +932,12 @@ pub fn wait_for<C: Cluster>(
 /// P grants `id` (its prefill is done); returns its lease fields.
 pub fn prefill<C: Cluster>(c: &mut C, id: &str) -> LeaseFields {
     c.command(Role::PSched, Cmd::Prefill(id.into()));
-    let g = wait_for(c, Duration::from_secs(5), "grant", |e| {
-        matches!(e, Event::Granted(x, _) if x == id)
-    });
+    let g = wait_for(
+        c,
+        Duration::from_secs(5),
+        "grant",
+        |e| matches!(e, Event::Granted(x, _) if x == id),
+    );
     match g.event {
         Event::Granted(_, Some(l)) => l,
         other => panic!("{id} granted without lease fields: {other:?}"),
@@ -963,7 +979,11 @@ pub fn happy_path_verified_end_to_end<C: Cluster>(c: &mut C) {
     run_for(c, config.lease_duration() * 3 / 2);
     let ev = c.events();
     assert!(
-        find(ev, |e| matches!(e, Event::RankReleased(..) | Event::Released { .. })).is_none(),
+        find(ev, |e| matches!(
+            e,
+            Event::RankReleased(..) | Event::Released { .. }
+        ))
+        .is_none(),
         "a heartbeated lease was released: {ev:#?}"
     );
     for r in 0..P_TP {
@@ -982,12 +1002,18 @@ pub fn happy_path_verified_end_to_end<C: Cluster>(c: &mut C) {
         },
     );
     let limit = Duration::from_secs(10);
-    wait_for(c, limit, "D's verdict", |e| {
-        matches!(e, Event::Loaded(d, v) if d == "d-happy" && v == "verified")
-    });
-    wait_for(c, limit, "the D scheduler's outcome", |e| {
-        matches!(e, Event::Outcome(d, v) if d == "d-happy" && v == "verified")
-    });
+    wait_for(
+        c,
+        limit,
+        "D's verdict",
+        |e| matches!(e, Event::Loaded(d, v) if d == "d-happy" && v == "verified"),
+    );
+    wait_for(
+        c,
+        limit,
+        "the D scheduler's outcome",
+        |e| matches!(e, Event::Outcome(d, v) if d == "d-happy" && v == "verified"),
+    );
     let released = wait_for(c, limit, "the release", |e| is_release(e, "req-happy"));
     let ev = c.events();
     for r in 0..P_TP {
@@ -1057,17 +1083,23 @@ pub fn deaf_rank_expires_alone_and_the_load_fails<C: Cluster>(c: &mut C) {
         },
     );
     let limit = Duration::from_secs(10);
-    let verdict = wait_for(c, limit, "D's verdict", |e| {
-        matches!(e, Event::Loaded(d, _) if d == "d-deaf")
-    });
+    let verdict = wait_for(
+        c,
+        limit,
+        "D's verdict",
+        |e| matches!(e, Event::Loaded(d, _) if d == "d-deaf"),
+    );
     assert_eq!(
         verdict.event,
         Event::Loaded("d-deaf".into(), "lapsed".into()),
         "rank 1 zeroed its slot: the check must fail"
     );
-    wait_for(c, limit, "the failed outcome", |e| {
-        matches!(e, Event::Outcome(d, v) if d == "d-deaf" && v == "lapsed")
-    });
+    wait_for(
+        c,
+        limit,
+        "the failed outcome",
+        |e| matches!(e, Event::Outcome(d, v) if d == "d-deaf" && v == "lapsed"),
+    );
     let released = wait_for(c, limit, "the release", |e| is_release(e, "req-deaf"));
     let rank0 = find(c.events(), |e| is_rank_release(e, 0, lease).is_some()).expect("rank 0");
     assert_eq!(
@@ -1154,9 +1186,12 @@ pub fn killed_p_rank_fails_the_load<C: Cluster>(c: &mut C) {
             lease: Some(lease),
         },
     );
-    let verdict = wait_for(c, Duration::from_secs(15), "D's verdict", |e| {
-        matches!(e, Event::Loaded(d, _) if d == "d-pkill")
-    });
+    let verdict = wait_for(
+        c,
+        Duration::from_secs(15),
+        "D's verdict",
+        |e| matches!(e, Event::Loaded(d, _) if d == "d-pkill"),
+    );
     let Event::Loaded(_, v) = &verdict.event else {
         unreachable!()
     };
@@ -1164,12 +1199,18 @@ pub fn killed_p_rank_fails_the_load<C: Cluster>(c: &mut C) {
         v.starts_with("read-failed") || v == "lapsed",
         "a load from a dead rank must fail, got {v}"
     );
-    wait_for(c, Duration::from_secs(5), "the failed outcome", |e| {
-        matches!(e, Event::Outcome(d, x) if d == "d-pkill" && x != "verified")
-    });
+    wait_for(
+        c,
+        Duration::from_secs(5),
+        "the failed outcome",
+        |e| matches!(e, Event::Outcome(d, x) if d == "d-pkill" && x != "verified"),
+    );
     assert!(
-        find(c.events(), |e| matches!(e, Event::Loaded(_, v) | Event::Outcome(_, v) if v == "verified"))
-            .is_none(),
+        find(
+            c.events(),
+            |e| matches!(e, Event::Loaded(_, v) | Event::Outcome(_, v) if v == "verified")
+        )
+        .is_none(),
         "nothing may be accepted"
     );
 }
