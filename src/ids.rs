@@ -26,6 +26,7 @@
 const EMPTY: u64 = u64::MAX;
 
 /// Why an id was refused.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IdError {
     /// The id is the empty string.

@@ -161,6 +161,7 @@ pub enum TrackOutcome {
 }
 
 /// What is wrong with a present parameter.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ParamProblem {
     /// The string is empty.
@@ -180,6 +181,7 @@ pub enum ParamProblem {
 
 /// Why a remote-prefill request was refused. The request is not
 /// heartbeated; each variant bumps a [`TrackerCounters`] field.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TrackError {
     /// `max_tracked_requests` (`kv_lease_max_tracked_requests`) requests are
@@ -235,6 +237,7 @@ impl fmt::Display for TrackError {
 impl std::error::Error for TrackError {}
 
 /// What the tracker has seen, as plain monotonic counts since construction.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TrackerCounters {
     /// Requests tracked.

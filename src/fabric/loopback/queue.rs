@@ -89,6 +89,7 @@ pub struct Envelope {
 }
 
 /// Why a push was refused. The message was not enqueued.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QueueError {
     /// Every cell holds an unread message.
@@ -96,6 +97,17 @@ pub enum QueueError {
     /// The message is longer than a cell (`max_len`).
     TooLarge,
 }
+
+impl core::fmt::Display for QueueError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            QueueError::Full => "loopback notification queue is full",
+            QueueError::TooLarge => "notification is longer than a loopback queue cell",
+        })
+    }
+}
+
+impl std::error::Error for QueueError {}
 
 /// What a cell holds: written only by the producer that claimed it, read
 /// only by the consumer once published.
@@ -304,6 +316,19 @@ mod tests {
 
     fn pop(c: &mut QueueConsumer) -> Option<(u32, Vec<u8>)> {
         c.pop_with(|e, b| (e.sender, b.to_vec()))
+    }
+
+    #[test]
+    fn queue_error_displays_and_is_an_error() {
+        let (p, _c) = channel(2, 4);
+        let big = p.push(env(0), b"12345").unwrap_err();
+        p.push(env(0), b"1").unwrap();
+        p.push(env(0), b"2").unwrap();
+        let full = p.push(env(0), b"3").unwrap_err();
+        assert_eq!((big, full), (QueueError::TooLarge, QueueError::Full));
+        let (a, b): (&dyn std::error::Error, &dyn std::error::Error) = (&big, &full);
+        assert!(a.to_string().contains("longer"), "{a}");
+        assert!(b.to_string().contains("full"), "{b}");
     }
 
     #[test]
