@@ -122,7 +122,8 @@ pub enum UnreachableSends {
 pub struct LoopbackConfig {
     /// Most agents that may join (at most [`MAX_AGENTS`]).
     pub max_agents: u32,
-    /// Cells in each agent's notification ring.
+    /// Cells in each agent's notification ring (at least
+    /// [`queue::MIN_CAPACITY`], 2; a smaller value is raised).
     pub queue_capacity: u32,
     /// Largest notification, in bytes (each ring and pen cell holds one).
     pub max_notification_len: usize,
