@@ -55,11 +55,11 @@
 //! allocate nothing (the fabric's own READ path may; see its docs).
 
 use core::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::fabric::{AgentId, Fabric, FabricError, ReadDesc, RegionId, XferId, XferState};
 use crate::nonce::Nonce;
 use crate::slots::{LeaseSlots, SLOT_BYTES};
+use crate::sync::{AtomicU64, Ordering};
 use crate::time::Instant;
 
 /// Most P ranks one check can cover (P TP / D TP up to 8).
