@@ -120,7 +120,6 @@ impl Verdict {
 }
 
 /// Why a check was refused. The caller must fail the KV load.
-#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VerifyError {
     /// `capacity` checks are waiting.
@@ -144,7 +143,6 @@ impl fmt::Display for VerifyError {
 impl std::error::Error for VerifyError {}
 
 /// Event counts since construction.
-#[non_exhaustive]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VerifierCounters {
     /// Checks accepted.
