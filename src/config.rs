@@ -157,6 +157,7 @@ pub struct ParsedConfig {
 }
 
 /// Why a configuration was refused. Every variant names the key at fault.
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ConfigError {
     /// The text is not JSON at all.
@@ -424,10 +425,19 @@ impl LeaseConfig {
                 found: json_kind(inner),
             })?;
         }
+        LeaseConfig::from_entries(obj, shape)
+    }
+
+    /// Applies the (key, value) pairs of a `kv_connector_extra_config`
+    /// object, in whatever order the map yields them.
+    fn from_entries<'a>(
+        entries: impl IntoIterator<Item = (&'a String, &'a Value)>,
+        shape: EngineShape,
+    ) -> Result<ParsedConfig, ConfigError> {
         let mut c = LeaseConfig::new(shape);
         let mut capacity_set = false;
         let mut unknown_keys = Vec::new();
-        for (key, v) in obj {
+        for (key, v) in entries {
             match key.as_str() {
                 "kv_lease_duration" => {
                     c.lease_duration = secs(
@@ -479,6 +489,10 @@ impl LeaseConfig {
         debug_assert!(unknown_keys
             .iter()
             .all(|k| !KNOWN_KEYS.contains(&k.as_str())));
+        // Sorted here, not by the map: serde_json's map is a BTreeMap only
+        // until some crate in the build enables its `preserve_order` feature
+        // (features unify), and the documented order must not hinge on that.
+        unknown_keys.sort_unstable();
         c.validate()?;
         Ok(ParsedConfig {
             config: c,
@@ -758,6 +772,23 @@ mod tests {
         let p = parse(r#"{"kv_lease_duraton": 60, "backends": ["UCX"]}"#).unwrap();
         assert_eq!(p.unknown_keys, ["backends", "kv_lease_duraton"]);
         assert_eq!(p.config.lease_duration, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn unknown_keys_are_sorted_whatever_the_map_order() {
+        // The order serde_json's `preserve_order` would give: as written.
+        let (z, a, m, d) = (
+            "zeta".to_string(),
+            "alpha".to_string(),
+            "mu".to_string(),
+            "kv_lease_duration".to_string(),
+        );
+        let (one, sixty) = (Value::from(1), Value::from(60));
+        let p =
+            LeaseConfig::from_entries([(&z, &one), (&d, &sixty), (&a, &one), (&m, &one)], SHAPE)
+                .unwrap();
+        assert_eq!(p.unknown_keys, ["alpha", "mu", "zeta"]);
+        assert_eq!(p.config.lease_duration, Duration::from_secs(60));
     }
 
     #[test]

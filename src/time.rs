@@ -70,6 +70,15 @@ impl core::ops::Add<Duration> for Instant {
     }
 }
 
+impl core::ops::Sub<Duration> for Instant {
+    type Output = Instant;
+    /// Saturating: "a lease ago" before the clock's origin is the origin,
+    /// not a wrap to the far future.
+    fn sub(self, d: Duration) -> Instant {
+        self.saturating_sub(d)
+    }
+}
+
 /// A duration in whole nanoseconds, saturating at `u64::MAX`.
 pub(crate) fn duration_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -129,6 +138,21 @@ mod tests {
         );
         assert_eq!(Instant::from_secs(u64::MAX), Instant::MAX);
         assert_eq!(duration_nanos(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn instant_minus_duration_saturates() {
+        let t = Instant::from_secs(30);
+        assert_eq!(t - Duration::from_secs(20), Instant::from_secs(10));
+        assert_eq!(t - Duration::ZERO, t);
+        assert_eq!(t - Duration::from_secs(31), Instant::ZERO);
+        assert_eq!(Instant::MAX - Duration::MAX, Instant::ZERO);
+        assert_eq!(Instant::ZERO - Duration::from_nanos(1), Instant::ZERO);
+        // The inverse of `+` wherever neither saturates.
+        assert_eq!(
+            (t + Duration::from_millis(1500)) - Duration::from_millis(1500),
+            t
+        );
     }
 
     #[test]

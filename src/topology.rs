@@ -47,6 +47,7 @@ use core::fmt;
 use core::iter::FusedIterator;
 
 /// Why a TP pair or a rank was refused.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TopologyError {
     /// A TP size is 0.

@@ -166,6 +166,7 @@ struct Far {
 }
 
 /// Why a wheel call was refused.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WheelError {
     /// The entry index is not below the capacity.
@@ -174,7 +175,19 @@ pub enum WheelError {
     AlreadyScheduled,
 }
 
+impl core::fmt::Display for WheelError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            WheelError::OutOfRange => "timer-wheel entry index is not below the capacity",
+            WheelError::AlreadyScheduled => "timer-wheel entry is already scheduled",
+        })
+    }
+}
+
+impl std::error::Error for WheelError {}
+
 /// Work counts since construction, for tests and benches.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WheelStats {
     /// Entries handed out as expired.
@@ -536,6 +549,21 @@ mod tests {
     use std::collections::BTreeMap;
 
     const MS: u64 = 1_000_000;
+
+    #[test]
+    fn wheel_error_displays_and_is_an_error() {
+        let mut w = wheel(2);
+        let out = w.insert(2, Instant::from_secs(1)).unwrap_err();
+        w.insert(0, Instant::from_secs(1)).unwrap();
+        let again = w.insert(0, Instant::from_secs(2)).unwrap_err();
+        assert_eq!(
+            (out, again),
+            (WheelError::OutOfRange, WheelError::AlreadyScheduled)
+        );
+        let (a, b): (&dyn std::error::Error, &dyn std::error::Error) = (&out, &again);
+        assert!(a.to_string().contains("capacity"), "{a}");
+        assert!(b.to_string().contains("already scheduled"), "{b}");
+    }
 
     fn wheel(cap: u32) -> TimerWheel {
         TimerWheel::new(

@@ -194,6 +194,7 @@ const SLOT_HEX_LEN: usize = 8;
 /// Everything that can be wrong with a notification, or with a request to
 /// encode one. `Copy` and allocation-free, so step paths can return and count
 /// it. Decoding errors come first, encoding errors last.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WireError {
     /// The message has no bytes at all.
@@ -623,6 +624,7 @@ fn parse_nonce_hex(hex: &[u8]) -> Result<Nonce, WireError> {
 // ---------------------------------------------------------------------------
 
 /// What an encoder did.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct EncodeStats {
     /// Messages handed to `emit`.

@@ -19,6 +19,8 @@
 //! latency numbers are not disturbed by each other on a 2-core machine.
 //! Waits are poll loops with deadlines of seconds; nothing sleeps for a fixed
 //! time and then asserts.
+// Std atomics are fine in tests (clippy.toml's rule is for the library; see src/sync.rs).
+#![allow(clippy::disallowed_types)]
 
 #[path = "support/nixl_gate.rs"]
 mod nixl_gate;

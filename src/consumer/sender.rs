@@ -168,7 +168,8 @@ impl PeerAddress for DefaultPeerAddress {
 
 /// `{host}:{port + rank}`, e.g. `10.0.0.7:5603` for rank 3 of an engine whose
 /// `remote_port` is 5600: one handshake listener per P rank on consecutive
-/// ports, the `ip:port` form [`crate::fabric::nixl::NixlFabric`] takes. An
+/// ports, the `ip:port` form the NIXL fabric takes (`fabric::nixl::NixlFabric`,
+/// feature `nixl`; not a link, so that the docs build without it). An
 /// engine that lays out its listeners otherwise supplies its own
 /// [`PeerAddress`].
 #[derive(Clone, Copy, Debug, Default)]

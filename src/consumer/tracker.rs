@@ -176,8 +176,8 @@ pub enum TrackOutcome {
 }
 
 /// What is wrong with a present parameter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ParamProblem {
     /// The string is empty.
     Empty,
@@ -196,8 +196,8 @@ pub enum ParamProblem {
 
 /// Why a remote-prefill request was refused. The request is not
 /// heartbeated; each variant bumps a [`TrackerCounters`] field.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TrackError {
     /// `max_tracked_requests` (`kv_lease_max_tracked_requests`) requests are
     /// tracked already. Counted in [`TrackerCounters::refused_requests_full`]
@@ -252,8 +252,8 @@ impl fmt::Display for TrackError {
 impl std::error::Error for TrackError {}
 
 /// What the tracker has seen, as plain monotonic counts since construction.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TrackerCounters {
     /// Requests tracked.
     pub started: u64,

@@ -117,6 +117,7 @@ pub enum XferState {
 
 /// What went wrong in the fabric. `Copy` and allocation-free, so it can be
 /// returned from step paths.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FabricError {
     /// The agent id was never issued by this fabric (or was forgotten).

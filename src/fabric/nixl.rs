@@ -315,6 +315,7 @@ impl NixlConfig {
 }
 
 /// Why a [`NixlFabric`] could not be built.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NixlInitError {
     /// `libnixl_capi.so` could not be loaded (not on `LD_LIBRARY_PATH`; run
@@ -358,6 +359,7 @@ pub fn runtime_available() -> bool {
 }
 
 /// Counters since construction.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NixlStats {
     /// Notifications sent with `send_notification`.

@@ -122,7 +122,8 @@ pub enum UnreachableSends {
 pub struct LoopbackConfig {
     /// Most agents that may join (at most [`MAX_AGENTS`]).
     pub max_agents: u32,
-    /// Cells in each agent's notification ring.
+    /// Cells in each agent's notification ring (at least
+    /// [`queue::MIN_CAPACITY`], 2; a smaller value is raised).
     pub queue_capacity: u32,
     /// Largest notification, in bytes (each ring and pen cell holds one).
     pub max_notification_len: usize,
@@ -197,6 +198,7 @@ impl From<NodeId> for Nodes {
 }
 
 /// Why an agent could not join a network.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LoopbackError {
     /// The name is empty or longer than [`MAX_NAME_LEN`].
@@ -221,6 +223,7 @@ impl std::error::Error for LoopbackError {}
 
 /// Counters of one agent. Sender-side counts are about messages and READs
 /// this agent sent or posted; receiver-side ones about what it drained.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LoopbackStats {
     /// Notifications put into a receiver's ring (including delayed and
@@ -581,6 +584,26 @@ impl core::fmt::Debug for LoopbackFabric {
 impl LoopbackFabric {
     /// Joins `net` as a new agent called `name`, allocating its ring, pen,
     /// region table and READ table.
+    ///
+    /// # Agent names are addresses
+    ///
+    /// The name is the agent's whole address on the loopback network:
+    /// [`Fabric::start_handshake`] resolves its `address` argument by exact,
+    /// byte-for-byte comparison with the joined names (no parsing, no
+    /// host/port split; an unknown name is [`FabricError::BadAddress`]),
+    /// [`Fabric::name`] returns it, and [`Fabric::drain_notifications`]
+    /// reports it as the sender of every message. So name each P rank with
+    /// the string D's heartbeat sender will ask for: with
+    /// [`crate::consumer::DefaultPeerAddress`], `{host}:{port}/{engine_id}/{rank}`
+    /// (e.g. `10.0.0.1:5600/prefill-a/0` for the request's `remote_host`,
+    /// `remote_port` and `remote_engine_id`); with
+    /// [`crate::consumer::PortPerRankAddress`], `{host}:{port + rank}`; or
+    /// whatever a custom [`crate::consumer::PeerAddress`] writes. A name is
+    /// 1..=[`MAX_NAME_LEN`] bytes ([`LoopbackError::BadName`]) and unique in
+    /// its network ([`LoopbackError::DuplicateName`]); a crashed agent that
+    /// restarts keeps it. [`LoopbackNetwork::node`] and
+    /// [`LoopbackNetwork::name_of`] map between names and [`NodeId`]s for
+    /// fault injection.
     pub fn join(net: &Arc<LoopbackNetwork>, name: &str) -> Result<LoopbackFabric, LoopbackError> {
         if name.is_empty() || name.len() > MAX_NAME_LEN {
             return Err(LoopbackError::BadName);

@@ -36,6 +36,11 @@
 //!                                        published: later cells wait for it)
 //! ```
 //!
+//! The three states must be distinct words, so `cap >= 2`: with one cell,
+//! "holds position p" (`p + 1`) equals "free for position p + 1"
+//! (`p + cap`), and a second push would overwrite an unread message while
+//! the consumer may be reading it. [`channel`] raises a smaller capacity.
+//!
 //! The consumer's Acquire load of `seq` pairs with the producer's Release
 //! store after writing the body; the producer's Acquire load pairs with the
 //! consumer's Release store after reading it. So a body is never read while
@@ -88,7 +93,11 @@ pub struct Envelope {
     pub stamp: u64,
 }
 
+/// The fewest cells a queue has (see the module docs on why not 1).
+pub const MIN_CAPACITY: u32 = 2;
+
 /// Why a push was refused. The message was not enqueued.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QueueError {
     /// Every cell holds an unread message.
@@ -96,6 +105,17 @@ pub enum QueueError {
     /// The message is longer than a cell (`max_len`).
     TooLarge,
 }
+
+impl core::fmt::Display for QueueError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            QueueError::Full => "loopback notification queue is full",
+            QueueError::TooLarge => "notification is longer than a loopback queue cell",
+        })
+    }
+}
+
+impl std::error::Error for QueueError {}
 
 /// What a cell holds: written only by the producer that claimed it, read
 /// only by the consumer once published.
@@ -160,9 +180,11 @@ impl core::fmt::Debug for QueueConsumer {
 }
 
 /// A queue of `capacity` cells of `max_len` bytes each (capacity is raised
-/// to at least 1). All memory is allocated here.
+/// to at least 2: with one cell the protocol cannot tell "published, unread"
+/// from "free for the next lap", see the module docs). All memory is
+/// allocated here.
 pub fn channel(capacity: u32, max_len: usize) -> (QueueProducer, QueueConsumer) {
-    let capacity = capacity.max(1);
+    let capacity = capacity.max(MIN_CAPACITY);
     let cells: Box<[CachePadded<Cell>]> = (0..u64::from(capacity))
         .map(|i| {
             CachePadded::new(Cell {
@@ -190,7 +212,7 @@ pub fn channel(capacity: u32, max_len: usize) -> (QueueProducer, QueueConsumer) 
 
 impl Shared {
     fn cell(&self, pos: u64) -> &Cell {
-        // `cells` is non-empty (capacity >= 1), and the remainder is below
+        // `cells` is non-empty (capacity >= 2), and the remainder is below
         // its length, so the index is in range.
         &self.cells[(pos % self.cells.len() as u64) as usize]
     }
@@ -307,6 +329,40 @@ mod tests {
     }
 
     #[test]
+    fn queue_error_displays_and_is_an_error() {
+        let (p, _c) = channel(2, 4);
+        let big = p.push(env(0), b"12345").unwrap_err();
+        p.push(env(0), b"1").unwrap();
+        p.push(env(0), b"2").unwrap();
+        let full = p.push(env(0), b"3").unwrap_err();
+        assert_eq!((big, full), (QueueError::TooLarge, QueueError::Full));
+        let (a, b): (&dyn std::error::Error, &dyn std::error::Error) = (&big, &full);
+        assert!(a.to_string().contains("longer"), "{a}");
+        assert!(b.to_string().contains("full"), "{b}");
+    }
+
+    /// With one cell, "published at p" (seq = p + 1) and "free for p + 1"
+    /// (seq = p + cap) are the same word, so a second push took the cell of
+    /// an unread message: lost, and overwritten under a reading consumer.
+    #[test]
+    fn capacity_one_queue_never_overwrites_an_unread_message() {
+        let (p, mut c) = channel(1, 4);
+        let mut accepted = Vec::new();
+        for i in 0..10u8 {
+            match p.push(env(u32::from(i)), &[i]) {
+                Ok(()) => accepted.push((u32::from(i), vec![i])),
+                Err(e) => {
+                    assert_eq!(e, QueueError::Full);
+                    break;
+                }
+            }
+        }
+        assert!(accepted.len() < 10, "a bounded queue filled up");
+        let popped: Vec<_> = std::iter::from_fn(|| pop(&mut c)).collect();
+        assert_eq!(popped, accepted, "every accepted message, in order");
+    }
+
+    #[test]
     fn fifo_until_full_then_refuses() {
         let (p, mut c) = channel(3, 8);
         for i in 0..3u8 {
@@ -332,7 +388,8 @@ mod tests {
     #[test]
     fn wraps_many_laps() {
         let (p, mut c) = channel(2, 8);
-        for i in 0..1000u64 {
+        // Miri (.ci/run's bounded step) interprets this ~1000x slower.
+        for i in 0..if cfg!(miri) { 50u64 } else { 1000 } {
             p.push(env(i as u32), &i.to_le_bytes()).unwrap();
             assert_eq!(pop(&mut c), Some((i as u32, i.to_le_bytes().to_vec())));
         }
@@ -342,7 +399,8 @@ mod tests {
 
     #[test]
     fn threads_deliver_everything_once_and_intact() {
-        const PER: u32 = 20_000;
+        // Miri (.ci/run's bounded step) interprets this ~1000x slower.
+        const PER: u32 = if cfg!(miri) { 200 } else { 20_000 };
         let (p, mut c) = channel(16, 8);
         let mut seen = vec![0u32; 3];
         std::thread::scope(|s| {

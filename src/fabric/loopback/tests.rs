@@ -22,21 +22,78 @@ struct World {
     d: LoopbackFabric,
     slots: Arc<LeaseSlots>,
     slot_region: RegionId,
-    landing: Box<[u8]>,
+    /// Declared after `d`, so it is freed after the fabric that writes it.
+    landing: Landing,
     landing_region: RegionId,
     to_p: AgentId,
 }
 
+/// A registered buffer, touched only through the raw pointer it was
+/// registered with. Holding it as a `Box<[u8]>` (as these tests first did)
+/// breaks `register_memory`'s contract: moving the box asserts unique
+/// access, which invalidates the pointer the fabric writes through (Miri,
+/// Stacked Borrows).
+struct Landing {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Landing {
+    fn new(len: usize, fill: u8) -> Landing {
+        let ptr = Box::into_raw(vec![fill; len].into_boxed_slice()).cast::<u8>();
+        Landing { ptr, len }
+    }
+
+    /// A copy of the bytes; call only between READs.
+    fn bytes(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.len];
+        // SAFETY: `ptr` is a live allocation of `len` bytes, and no READ is
+        // in flight while a test looks at it.
+        unsafe { core::ptr::copy_nonoverlapping(self.ptr, out.as_mut_ptr(), self.len) };
+        out
+    }
+
+    fn fill(&self, b: u8) {
+        // SAFETY: as for `bytes`.
+        unsafe { core::ptr::write_bytes(self.ptr, b, self.len) };
+    }
+}
+
+impl Drop for Landing {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` came from `Box::into_raw` of a boxed slice, and
+        // the fabric that had it registered is dropped first (`World`'s
+        // field order).
+        drop(unsafe { Box::from_raw(core::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+    }
+}
+
 fn world(cfg: LoopbackConfig) -> World {
+    // Under Miri (.ci/run's bounded step) zero-filling the default rings and
+    // READ tables (16 agents, 256 cells of 4 KiB, 64 x 256 descriptors)
+    // costs seconds a test; two small agents exercise the same READ copy.
+    let cfg = if cfg!(miri) {
+        LoopbackConfig {
+            max_agents: 2,
+            queue_capacity: 4,
+            max_notification_len: 64,
+            pen_capacity: 4,
+            max_reads_in_flight: 4,
+            max_descs_per_read: 64,
+            ..cfg
+        }
+    } else {
+        cfg
+    };
     let net = LoopbackNetwork::new(cfg);
     let mut p = LoopbackFabric::join(&net, "P").unwrap();
     let mut d = LoopbackFabric::join(&net, "D").unwrap();
     let slots = Arc::new(LeaseSlots::new(64));
     let slot_region = p.register_slots(slots.clone(), true).unwrap();
-    let mut landing = vec![0xEEu8; 512].into_boxed_slice();
-    // SAFETY: `landing` outlives `d` (World drops fabrics first: field order)
-    // and is only inspected between READs.
-    let landing_region = unsafe { d.register_memory(landing.as_mut_ptr(), landing.len()) }.unwrap();
+    let landing = Landing::new(512, 0xEE);
+    // SAFETY: `landing` outlives `d` (World drops fabrics first: field order),
+    // is only accessed through this pointer, and only between READs.
+    let landing_region = unsafe { d.register_memory(landing.ptr, landing.len) }.unwrap();
     let to_p = connect(&mut d, "P", t(0));
     World {
         p,
@@ -84,7 +141,7 @@ fn read_sees_the_nonce_in_the_slot() {
     let desc = slot_desc(&w, 5, 16);
     let x = w.d.post_read(w.to_p, &[desc], None, t(1)).unwrap();
     assert_eq!(w.d.read_state(x, t(1)), XferState::Done);
-    assert_eq!(word_at(&w.landing, 16), 0xABCD_EF01_2345_6789);
+    assert_eq!(word_at(&w.landing.bytes(), 16), 0xABCD_EF01_2345_6789);
 }
 
 #[test]
@@ -101,14 +158,18 @@ fn slot_cleared_mid_read_is_observed_as_zero() {
     // P's lease expires while the READ is in flight.
     w.slots.clear(3);
     assert_eq!(w.d.read_state(x, t(110)), XferState::Done);
-    assert_eq!(word_at(&w.landing, 0), 0, "the copy happens at completion");
+    assert_eq!(
+        word_at(&w.landing.bytes(), 0),
+        0,
+        "the copy happens at completion"
+    );
     // And the other way round: published mid-read is seen.
     w.slots.publish(3, 7);
     let x = w.d.post_read(w.to_p, &[desc], None, t(200)).unwrap();
     w.slots.clear(3);
     w.slots.publish(3, 8);
     assert_eq!(w.d.read_state(x, t(210)), XferState::Done);
-    assert_eq!(word_at(&w.landing, 0), 8);
+    assert_eq!(word_at(&w.landing.bytes(), 0), 8);
 }
 
 #[test]
@@ -127,7 +188,7 @@ fn sixty_four_slots_as_one_descriptor_or_sixty_four() {
     let x = w.d.post_read(w.to_p, &[one], None, t(1)).unwrap();
     assert_eq!(w.d.read_state(x, t(1)), XferState::Done);
     for s in 0..64usize {
-        assert_eq!(word_at(&w.landing, 8 * s), 1000 + s as u64);
+        assert_eq!(word_at(&w.landing.bytes(), 8 * s), 1000 + s as u64);
     }
     w.landing.fill(0);
     let many: Vec<ReadDesc> = (0..64)
@@ -136,7 +197,7 @@ fn sixty_four_slots_as_one_descriptor_or_sixty_four() {
     let x = w.d.post_read(w.to_p, &many, None, t(1)).unwrap();
     assert_eq!(w.d.read_state(x, t(1)), XferState::Done);
     for s in 0..64usize {
-        assert_eq!(word_at(&w.landing, 8 * (63 - s)), 1000 + s as u64);
+        assert_eq!(word_at(&w.landing.bytes(), 8 * (63 - s)), 1000 + s as u64);
     }
 }
 
@@ -155,7 +216,7 @@ fn unaligned_slot_read_copies_the_right_bytes() {
     let x = w.d.post_read(w.to_p, &[desc], None, t(1)).unwrap();
     assert_eq!(w.d.read_state(x, t(1)), XferState::Done);
     assert_eq!(
-        &w.landing[..12],
+        &w.landing.bytes()[..12],
         &[0xEE, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 0xEE]
     );
 }
