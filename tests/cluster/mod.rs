@@ -23,7 +23,8 @@
 //!                                P rank r ◀── HB / HBC / read-done, block and slot READs ── D worker
 //! ```
 
-#![allow(dead_code)] // each test binary uses part of it
+#![allow(dead_code)]
+// each test binary uses part of it
 // Registered buffers are plain std atomics here: the loom rule is the library's.
 #![allow(clippy::disallowed_types)]
 
