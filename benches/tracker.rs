@@ -9,6 +9,11 @@
 //! "heartbeat metadata" dict costs), and (b) kept across steps and only
 //! iterated (the floor for any map-of-vectors layout).
 //!
+//! And the scheduler/worker split's cost beside them: the D scheduler's
+//! `encode_plan` (all 16 engines due, every request's P-side id and lease
+//! written), a worker's `HeartbeatPlan::decode` plus the walk the sender
+//! makes (every id and lease read), and both together.
+//!
 //! Throughput is in tracked requests, so criterion's elements/s inverts to
 //! the per-request cost. Run with `cargo bench --bench tracker`.
 
@@ -18,6 +23,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kvlease::consumer::{HeartbeatTracker, RemotePrefillParams};
+use kvlease::ipc::plan::HeartbeatPlan;
 use kvlease::{EngineShape, Instant, LeaseConfig};
 
 const REQUESTS: usize = 10_000;
@@ -131,6 +137,46 @@ fn bench_step(c: &mut Criterion) {
                     }
                 });
                 black_box((due, acc))
+            })
+        });
+    }
+
+    // The split: the scheduler encodes the plan (all due), a worker decodes
+    // it and walks every id and lease as the sender does.
+    {
+        let mut t = tracker(&w, true);
+        let interval = t.interval();
+        let mut now = Instant::ZERO;
+        let mut buf = vec![0u8; t.plan_len(now)];
+        g.bench_function("plan_encode", |b| {
+            b.iter(|| {
+                now = now + interval;
+                black_box(t.encode_plan(now, &mut buf).expect("sized"))
+            })
+        });
+        now = now + interval;
+        let n = t.encode_plan(now, &mut buf).expect("sized");
+        let bytes = buf[..n].to_vec();
+        let walk = |bytes: &[u8]| {
+            let plan = HeartbeatPlan::decode(bytes).expect("decodes");
+            let mut acc = 0u64;
+            for e in plan.engines() {
+                for r in e.remotes() {
+                    acc = acc.wrapping_add(r.remote_request_id.len() as u64)
+                        ^ r.lease.map_or(0, |l| l.nonce.get());
+                }
+            }
+            debug_assert_eq!(plan.len() as usize, ENGINES);
+            acc
+        };
+        g.bench_function("plan_decode_walk", |b| {
+            b.iter(|| black_box(walk(black_box(&bytes))))
+        });
+        g.bench_function("plan_encode_decode_walk", |b| {
+            b.iter(|| {
+                now = now + interval;
+                let n = t.encode_plan(now, &mut buf).expect("sized");
+                black_box(walk(&buf[..n]))
             })
         });
     }

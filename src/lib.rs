@@ -68,6 +68,8 @@
 //! - [`consumer`]: the D side: [`consumer::HeartbeatTracker`] (scheduler),
 //!   [`consumer::HeartbeatSender`] (worker) and [`consumer::LeaseVerifier`]
 //!   (the post-READ slot check that fails closed).
+//! - [`ipc`]: the bytes a scheduler and its workers exchange each step (P:
+//!   directives and rank reports; D: heartbeat plans and verify outcomes).
 //! - [`wheel`]: the fixed-capacity timing wheel behind expiry.
 //! - [`slots`], [`slot_pool`], [`nonce`]: the exported lease words, their lock-free pool, nonces.
 //! - [`ids`]: inline request ids and their preallocated index.

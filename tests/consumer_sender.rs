@@ -641,3 +641,55 @@ fn port_per_rank_address_is_the_rank_listener() {
         .unwrap();
     assert_eq!(out, "10.0.0.7:65536");
 }
+
+#[test]
+fn step_errors_display_and_chain_their_source() {
+    use std::error::Error;
+    let e = StepError::Fabric {
+        engine: kvlease::consumer::EngineHandle {
+            index: 2,
+            generation: 7,
+        },
+        rank: 3,
+        error: FabricError::PeerUnreachable,
+    };
+    assert_eq!(
+        e.to_string(),
+        "heartbeat to P rank 3 of engine slot 2 (generation 7): peer unreachable"
+    );
+    assert_eq!(
+        e.source().map(ToString::to_string),
+        Some("peer unreachable".to_string())
+    );
+    let e = StepError::Sender(SenderError::FanOutTooLarge {
+        fan_out: 32,
+        max: 16,
+    });
+    assert!(e.to_string().starts_with("engine not heartbeated: "));
+    assert!(e.source().is_some());
+}
+
+#[test]
+fn a_gone_notice_drops_only_that_engines_debt() {
+    let mut t = HeartbeatTracker::new(&lease_config());
+    t.on_new_request("d1", &params("eng", "p1", 1), T0).unwrap();
+    let mut f = fabric();
+    f.set_default_policy(Policy {
+        ready_after_polls: 5,
+        ..Policy::default()
+    });
+    let mut s = sender(f, 1, 0);
+    let handle = t.engine_of("d1").unwrap().handle();
+    let r = s.step(&mut t, T0);
+    assert_eq!(r.peers_owed, 1);
+    assert_eq!(s.owed_engines().collect::<Vec<_>>(), [handle]);
+    // A notice for another generation of the slot: not this debt.
+    s.engine_gone(kvlease::consumer::EngineHandle {
+        generation: handle.generation + 1,
+        ..handle
+    });
+    assert_eq!(s.peers_owed(), 1);
+    s.engine_gone(handle);
+    assert_eq!((s.peers_owed(), s.counters().deferred_dropped), (0, 1));
+    assert_eq!(s.owed_engines().len(), 0);
+}

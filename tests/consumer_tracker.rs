@@ -709,3 +709,19 @@ fn default_config_tracks_4_engines_x_600_waiting_requests() {
         );
     }
 }
+
+#[test]
+fn lease_fields_come_from_both_params_or_none() {
+    let mut p = params("engA", "p1");
+    assert_eq!(p.lease_fields(), None);
+    p.remote_lease_slot = Some(4);
+    assert_eq!(p.lease_fields(), None, "a slot without a nonce");
+    p.remote_lease_nonce = Some(0);
+    assert_eq!(p.lease_fields(), None, "nonce 0 is no lease");
+    p.remote_lease_nonce = Some(9);
+    let f = p.lease_fields().unwrap();
+    assert_eq!((f.slot, f.nonce), (4, Nonce::new(9).unwrap()));
+    let mut t = HeartbeatTracker::new(&config(4, 2));
+    t.on_new_request("d1", &p, T0).unwrap();
+    assert_eq!(t.remote_of("d1").unwrap().lease, Some(f));
+}

@@ -1019,17 +1019,37 @@ mod tests {
     #[test]
     fn too_small_a_buffer_changes_nothing() {
         let mut t = tracker();
-        let need = t.plan_len(Instant::ZERO);
+        let mut buf = vec![0u8; 4096];
+        t.encode_plan(Instant::ZERO, &mut buf).unwrap();
+        // One engine owed, one gone notice pending, nothing due.
+        let owed = t.engines().next().unwrap().handle();
+        t.request_engines([
+            owed,
+            EngineHandle {
+                index: 3,
+                generation: 1,
+            },
+        ]);
+        let now = Instant::from_millis(10);
+        let need = t.plan_len(now);
+        let before = *t.counters();
         let mut small = vec![0u8; need - 1];
         assert_eq!(
-            t.encode_plan(Instant::ZERO, &mut small),
+            t.encode_plan(now, &mut small),
             Err(IpcError::BufferTooSmall { needed: need })
         );
-        assert_eq!(t.counters().engines_due, 0, "nothing throttled");
-        // The same plan, byte for byte, with room.
+        assert_eq!(*t.counters(), before, "nothing consumed or counted");
+        // The same plan, with room: the owed engine and the notice are there.
         let mut big = vec![0u8; need];
-        assert_eq!(t.encode_plan(Instant::ZERO, &mut big), Ok(need));
-        assert_eq!(HeartbeatPlan::decode(&big).unwrap().seq(), 0);
-        assert_eq!(t.counters().engines_due, 2);
+        assert_eq!(t.encode_plan(now, &mut big), Ok(need));
+        let plan = HeartbeatPlan::decode(&big).unwrap();
+        assert_eq!(plan.seq(), 1);
+        let e = plan.engines().next().unwrap();
+        assert_eq!(
+            (plan.len(), e.handle(), e.reason()),
+            (1, owed, BatchReason::Owed)
+        );
+        assert_eq!(plan.gone().len(), 1);
+        assert_eq!(t.plan_len(now), 32, "both consumed once encoded");
     }
 }
