@@ -9,14 +9,29 @@
 //! decoding another request's KV. Wire formats and config names are
 //! vLLM NixlConnector's.
 //!
-//! ## Lifecycle of one lease (P side, [`LeaseBook`])
+//! ## Engine-shaped roles
+//!
+//! An engine runs one scheduler process and one worker process per GPU, so
+//! each side splits the same way, and the halves exchange [`ipc`] messages
+//! (bytes the engine carries over the IPC it already has):
 //!
 //! ```text
-//!  prefill done ──grant──▶ HELD (expiry = now + kv_lease_duration, slot <- nonce on every rank)
-//!  HELD ──heartbeat──▶ HELD (expiry = max(expiry, now + extension))
-//!  HELD ──read-done × consumers on every rank──▶ RELEASED(read)
-//!  HELD ──expiry <= now at poll──────────────▶ RELEASED(expired)
-//!  RELEASED ──slot zeroed, then reported by drain_released──▶ engine frees the blocks
+//!  P: PrefillScheduler ──directives──▶ PrefillRank (one per worker) ──reports──▶ PrefillScheduler
+//!  D: HeartbeatTracker ──plan────────▶ HeartbeatSender + LeaseVerifier ──outcomes──▶ HeartbeatTracker
+//! ```
+//!
+//! [`LeaseBook`] is a [`PrefillScheduler`] plus every [`PrefillRank`] in
+//! one process, wired directly; `HeartbeatSender::step` does the same for
+//! D. No lease logic is written twice.
+//!
+//! ## Lifecycle of one lease (P side)
+//!
+//! ```text
+//!  prefill done ──grant──▶ HELD on every rank (expiry = now + kv_lease_duration, slot <- nonce)
+//!  HELD on rank r ──heartbeat to r──▶ HELD (r's expiry = max(expiry, now + extension))
+//!  HELD on rank r ──read-done × r's consumers──▶ r lets go (read): zeroes its slot, reports
+//!  HELD on rank r ──r's expiry <= now at poll──▶ r lets go (expired): zeroes its slot, reports
+//!  every rank let go ──drain_released──▶ engine frees the blocks
 //!  engine freed the blocks ──SlotTicket given back──▶ slot reusable
 //! ```
 //!
@@ -25,10 +40,10 @@
 //! Everything is polled from the engine's forward loop, once per step, with
 //! the step's `now` (the core never reads a clock; [`MonotonicClock`] gives
 //! engines one). Capacities are fixed by [`LeaseConfig`] at construction;
-//! after that no step allocates (`tests/zero_alloc.rs` proves it with a
-//! counting allocator), and exhaustion is a typed error with a documented
+//! after that no step allocates (`tests/zero_alloc.rs`, `tests/roles_alloc.rs`
+//! and `tests/d_roles_alloc.rs` prove it with a counting allocator), and exhaustion is a typed error with a documented
 //! degraded behaviour, never a silent drop. Nothing reachable from bytes off
-//! the wire panics (`fuzz/`).
+//! the wire or from another process panics (`fuzz/`).
 //!
 //! ```
 //! use kvlease::{EngineShape, LeaseBook, LeaseConfig, MonotonicClock};
@@ -64,7 +79,8 @@
 //! ## Modules
 //!
 //! - [`config`]: settings, vLLM-compatible parsing, derived heartbeat interval and extension.
-//! - [`producer`]: the P-side [`LeaseBook`] and its counters.
+//! - [`producer`]: the P side: [`PrefillScheduler`], [`PrefillRank`], and
+//!   [`LeaseBook`] (both in one process).
 //! - [`consumer`]: the D side: [`consumer::HeartbeatTracker`] (scheduler),
 //!   [`consumer::HeartbeatSender`] (worker) and [`consumer::LeaseVerifier`]
 //!   (the post-READ slot check that fails closed).

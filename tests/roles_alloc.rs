@@ -184,3 +184,30 @@ fn format_compact(slot: u32, nonce: u64) -> [u8; 24] {
     }
     out
 }
+
+/// What `PrefillRank::new` reserves per lease entry (the slope between two
+/// sizes, so fixed parts cancel), with 128-byte and 46-byte ids: the
+/// figures the README's "Limits" section gives.
+#[test]
+fn rank_memory_per_entry_matches_the_readme() {
+    let bytes = |n: u32, max_id_len: u16| {
+        let mut c = LeaseConfig::new(EngineShape {
+            num_kv_blocks: n,
+            max_num_seqs: 0,
+        });
+        c.max_request_id_len = max_id_len;
+        c.validate().unwrap();
+        let slots = Arc::new(LeaseSlots::new(c.lease_slots));
+        let (rank, counts) = count_allocs(|| PrefillRank::new(&c, 0, slots, Instant::ZERO));
+        drop(rank);
+        counts.bytes
+    };
+    // Entries = kv_lease_slots + kv_lease_capacity = 2n here.
+    let per_entry = |id_len| (bytes(2 * 65_536, id_len) - bytes(65_536, id_len)) as f64 / 131_072.0;
+    let (p128, p46) = (per_entry(128), per_entry(46));
+    println!("rank memory: {p128} B/entry (128-byte ids), {p46} B/entry (46-byte ids)");
+    // README, "Limits": about 218 B per entry with 128-byte ids, 136 B with
+    // ids of at most 46 bytes (the slot arrays are the engine's, not counted).
+    assert!((212.0..=232.0).contains(&p128), "{p128} B per entry");
+    assert!((130.0..=150.0).contains(&p46), "{p46} B per entry");
+}

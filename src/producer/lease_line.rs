@@ -139,7 +139,7 @@ impl LeaseLines {
             return false;
         }
         let head = id.len().min(INLINE_ID);
-        bytes_eq(&line.id[..head], &id[..head])
+        line.id[..head] == id[..head]
             && (id.len() <= INLINE_ID || self.tail(e, id.len()) == &id[INLINE_ID..])
     }
 
@@ -182,27 +182,6 @@ impl LeaseLines {
             line.len_state = 0;
         }
     }
-}
-
-/// `a == b` for slices of equal length, eight bytes at a time: inline,
-/// where a call to the C library's memcmp costs as much as the compare.
-#[inline]
-fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
-    debug_assert_eq!(a.len(), b.len());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut ca = a.chunks_exact(8);
-    let mut cb = b.chunks_exact(8);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        let (mut wx, mut wy) = ([0u8; 8], [0u8; 8]);
-        wx.copy_from_slice(x);
-        wy.copy_from_slice(y);
-        if wx != wy {
-            return false;
-        }
-    }
-    ca.remainder() == cb.remainder()
 }
 
 #[cfg(test)]

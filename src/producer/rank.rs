@@ -431,52 +431,64 @@ impl PrefillRank {
     /// Renews every id of a heartbeat, as [`PrefillRank::renew`] would one by
     /// one; returns (renewed, ignored). Capped renewals count as renewed.
     ///
-    /// Ids go in batches of 64, in three passes: hash every id and prefetch
-    /// its index cell; read the cells and prefetch the candidates' lease
-    /// lines; then renew. A batch's cache misses are in flight together
-    /// instead of being paid one after another.
+    /// A software pipeline keeps a steady stream of cache misses in flight:
+    /// id `i` is hashed and its index cell prefetched; the cell of id
+    /// `i - CELL_LAG` is read and its candidate's lease line prefetched; id
+    /// `i - LINE_LAG` is renewed, its cell and line by now in cache. (Taken
+    /// one at a time, each id pays its two misses in series; in separate
+    /// passes over a batch, the misses come in bursts that outrun the
+    /// core's outstanding-miss capacity.)
     pub fn renew_all<'a>(
         &mut self,
         ids: impl IntoIterator<Item = &'a [u8]>,
         now: Instant,
     ) -> (u32, u32) {
-        const BATCH: usize = 64;
-        let mut batch: [(&[u8], u64); BATCH] = [(&[], 0); BATCH];
+        const CELL_LAG: usize = 8;
+        const LINE_LAG: usize = 16;
+        // Holds ids i - LINE_LAG ..= i: larger than LINE_LAG, a power of two.
+        const RING: usize = 32;
+        let mut ring: [(&[u8], u64); RING] = [(&[], 0); RING];
         let (mut renewed, mut ignored) = (0u32, 0u32);
-        let mut ids = ids.into_iter();
-        loop {
-            let mut n = 0;
-            for id in ids.by_ref().take(BATCH) {
-                let h = self.index.hash(id);
-                self.index.prefetch(h);
-                batch[n] = (id, h);
-                n += 1;
-            }
-            if n == 0 {
-                return (renewed, ignored);
-            }
-            for &(_, h) in &batch[..n] {
-                if let Some(e) = self.index.home_candidate(h) {
+        let mut tally = |r: Renewal| match r {
+            Renewal::Unknown => ignored += 1,
+            _ => renewed += 1,
+        };
+        let mut n = 0usize;
+        for id in ids {
+            let h = self.index.hash(id);
+            self.index.prefetch(h);
+            ring[n % RING] = (id, h);
+            if n >= CELL_LAG {
+                if let Some(e) = self.index.home_candidate(ring[(n - CELL_LAG) % RING].1) {
                     self.lines.prefetch(e);
                 }
             }
-            for &(id, h) in &batch[..n] {
-                let found = if id.is_empty() || id.len() > self.max_len {
-                    None
-                } else {
-                    self.find_hashed(id, h)
-                };
-                let outcome = match found {
-                    Some(e) => self.renew_entry(e, now),
-                    None => {
-                        self.counters.renew_unknown += 1;
-                        Renewal::Unknown
-                    }
-                };
-                match outcome {
-                    Renewal::Unknown => ignored += 1,
-                    _ => renewed += 1,
-                }
+            if n >= LINE_LAG {
+                let (id, h) = ring[(n - LINE_LAG) % RING];
+                tally(self.renew_hashed(id, h, now));
+            }
+            n += 1;
+        }
+        // The last LINE_LAG ids (or all of a short heartbeat).
+        for k in n.saturating_sub(LINE_LAG)..n {
+            let (id, h) = ring[k % RING];
+            tally(self.renew_hashed(id, h, now));
+        }
+        (renewed, ignored)
+    }
+
+    #[inline]
+    fn renew_hashed(&mut self, id: &[u8], h: u64, now: Instant) -> Renewal {
+        let found = if id.is_empty() || id.len() > self.max_len {
+            None
+        } else {
+            self.find_hashed(id, h)
+        };
+        match found {
+            Some(e) => self.renew_entry(e, now),
+            None => {
+                self.counters.renew_unknown += 1;
+                Renewal::Unknown
             }
         }
     }
