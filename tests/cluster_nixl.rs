@@ -1,4 +1,6 @@
 #![cfg(feature = "nixl")]
+// Std atomics are fine in tests (clippy.toml's rule is for the library; see src/sync.rs).
+#![allow(clippy::disallowed_types)]
 //! The engine-shaped deployment of `tests/cluster/mod.rs` as five
 //! processes over real NIXL: the P scheduler, P workers 0 and 1, the D
 //! scheduler and the D worker are each this test binary re-executed with a

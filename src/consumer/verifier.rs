@@ -23,13 +23,26 @@
 //!
 //! Every check that is submitted before a step shares **one READ per remote
 //! rank**: the verifier gathers, per P agent, the slots of all waiting checks
-//! into one READ: a single descriptor over the span of their slots when it
-//! is at most [`WINDOW_SLOTS`] slots (into the batch's window; the slot pool
-//! hands out recently freed slots first, so live slots stay packed low),
-//! else one descriptor of 8 bytes per check (into a landing cell per
-//! (check, rank)). While an agent's READ is in flight, new checks for it wait
-//! for the next one. A check resolves in the step after its submission when
-//! the fabric completes the READ at once, else in a later step.
+//! into one READ: when they all lie in one aligned window of [`WINDOW_SLOTS`]
+//! slots of the remote array, a single descriptor over **that whole window**
+//! (clipped to the agent's slot count) into the batch's local window; else
+//! one descriptor of 8 bytes per check (into a landing cell per (check,
+//! rank)). The slot pool hands out recently freed slots first, so live slots
+//! stay packed low, usually in window 0. While an agent's READ is in flight,
+//! new checks for it wait for the next one. A check resolves in the step
+//! after its submission when the fabric completes the READ at once, else in
+//! a later step.
+//!
+//! Why the whole window, not just the span of the slots: the descriptor
+//! then depends only on (agent, window), never on which slots a batch
+//! happens to check, and an agent batch keeps its local window for the
+//! verifier's life (an idle batch is taken over by a new agent only when
+//! all `max_agents` are in use). A fabric with prepared requests re-posts
+//! the same one every step: over NIXL, `create_xfer_req` (which allocates)
+//! runs once per (agent, window), and a steady verifier allocates nothing
+//! (`tests/nixl_verifier_alloc.rs`). Reading 8 KiB instead of a few words
+//! costs little on a local fabric; one descriptor instead of one per slot is
+//! what matters (UCX over shared memory makes a system call per descriptor).
 //!
 //! # One bad slot fails one check
 //!
@@ -48,7 +61,7 @@
 //! ```text
 //!  checks:  [Check; capacity]                      token, slot, nonce, up to 8 targets, pending mask
 //!  landing: LandingWords(capacity * MAX_TARGETS)   cell c = check * MAX_TARGETS + k, registered
-//!  windows: LandingWords(max_agents * WINDOW_SLOTS) one span window per live agent batch, registered
+//!  windows: LandingWords(max_agents * WINDOW_SLOTS) one window per agent batch, for its life, registered
 //!  next:    [u32; capacity * MAX_TARGETS]          intrusive lists of cells, per agent: queued, in flight
 //!  agents:  [AgentBatch; max_agents]               agent, its slot region, its two lists, its READ
 //! ```
@@ -262,11 +275,23 @@ struct AgentBatch {
     queued: u32,
     inflight: u32,
     xfer: Option<XferId>,
-    /// This batch's span window (index into `windows`).
+    /// Lease slots the agent exports (the READ never reaches past them).
+    slot_count: u32,
+    /// This batch's window (index into `windows`). A batch keeps its
+    /// window for the verifier's life, so the READ of a given window of a
+    /// given agent always has the same descriptor: the fabric re-posts one
+    /// prepared request (NIXL: no allocation after warm-up).
     window: u32,
     /// The in-flight READ is one span starting at this slot (else one
     /// descriptor per cell).
     span_base: Option<u32>,
+}
+
+impl AgentBatch {
+    /// Nothing queued, nothing in flight: the batch may change agents.
+    fn is_idle(&self) -> bool {
+        self.xfer.is_none() && self.queued == NIL && self.inflight == NIL
+    }
 }
 
 /// D's lease verifier. See the module docs.
@@ -281,7 +306,6 @@ pub struct LeaseVerifier {
     /// READs; registered and shared like `landing`.
     windows: Arc<LandingWords>,
     windows_region: RegionId,
-    free_windows: FreeStack,
     next: Box<[u32]>,
     agents: Vec<AgentBatch>,
     max_agents: usize,
@@ -322,7 +346,6 @@ impl LeaseVerifier {
             landing_region,
             windows,
             windows_region,
-            free_windows: FreeStack::full(max_agents.max(1)),
             next: vec![NIL; cells].into_boxed_slice(),
             agents: Vec::with_capacity(max_agents as usize),
             max_agents: max_agents as usize,
@@ -376,7 +399,14 @@ impl LeaseVerifier {
                     && !targets[..*i].iter().any(|u| u.agent == t.agent)
             })
             .count();
-        if self.agents.len() + new_agents > self.max_agents {
+        // Room: unused batches, plus idle ones (nothing queued or in flight)
+        // of agents this check does not name, which a new agent may take over.
+        let idle = self
+            .agents
+            .iter()
+            .filter(|a| a.is_idle() && !targets.iter().any(|t| t.agent == a.agent))
+            .count();
+        if new_agents > self.max_agents - self.agents.len() + idle {
             self.counters.refused += 1;
             return Err(VerifyError::TooManyAgents);
         }
@@ -411,26 +441,40 @@ impl LeaseVerifier {
             let b = match self.batch_of(t.agent) {
                 Some(b) => b,
                 None => {
-                    // submit() checked that the agent fits, and there is a
-                    // window for every agent that fits.
-                    let window = self.free_windows.pop().unwrap_or(0);
-                    debug_assert!(self.agents.len() < self.max_agents);
-                    self.agents.push(AgentBatch {
+                    // submit() checked above that a batch is free or idle.
+                    let fresh = AgentBatch {
                         agent: t.agent,
                         slot_region: t.slot_region,
                         queued: NIL,
                         inflight: NIL,
                         xfer: None,
-                        window,
+                        slot_count: t.slot_count,
+                        window: self.agents.len() as u32,
                         span_base: None,
-                    });
-                    self.agents.len() - 1
+                    };
+                    if self.agents.len() < self.max_agents {
+                        self.agents.push(fresh);
+                        self.agents.len() - 1
+                    } else {
+                        let b = self
+                            .agents
+                            .iter()
+                            .position(AgentBatch::is_idle)
+                            .unwrap_or(0);
+                        debug_assert!(self.agents[b].is_idle());
+                        self.agents[b] = AgentBatch {
+                            window: self.agents[b].window,
+                            ..fresh
+                        };
+                        b
+                    }
                 }
             };
             let cell = c * MAX_TARGETS as u32 + k as u32;
             self.next[cell as usize] = self.agents[b].queued;
             self.agents[b].queued = cell;
             self.agents[b].slot_region = t.slot_region;
+            self.agents[b].slot_count = t.slot_count;
         }
         Ok(())
     }
@@ -456,14 +500,9 @@ impl LeaseVerifier {
                     self.poll(fabric, b, now);
                 }
             }
-            let a = self.agents[b];
-            if a.xfer.is_none() && a.queued == NIL && a.inflight == NIL {
-                // Nothing left for this agent: forget it (capacity is per live agent).
-                self.free_windows.push(a.window);
-                self.agents.swap_remove(b);
-            } else {
-                b += 1;
-            }
+            // An idle batch stays, with its window and so its prepared READ,
+            // until another agent needs the room.
+            b += 1;
         }
         while let Some(c) = self.done.pop() {
             let check = &mut self.checks[c as usize];
@@ -518,22 +557,27 @@ impl LeaseVerifier {
             cell = self.next[cell as usize];
         }
         self.descs.clear();
-        let span = hi.saturating_sub(lo).saturating_add(1);
-        if span <= WINDOW_SLOTS {
+        if lo / WINDOW_SLOTS == hi / WINDOW_SLOTS {
+            // Every slot in one aligned window of the remote array: read that
+            // whole window (clipped to the agent's slot count), whatever the
+            // slots. The descriptor then depends only on (agent, window), and
+            // the fabric re-posts the same prepared request every time.
+            let first = lo / WINDOW_SLOTS * WINDOW_SLOTS;
+            let count = batch.slot_count.saturating_sub(first).min(WINDOW_SLOTS);
             let base = batch.window as usize * WINDOW_SLOTS as usize;
             // Zero first: a fabric that reports Done without writing must
             // not leave an earlier check's nonce to be compared.
-            for w in base..base + span as usize {
+            for w in base..base + count as usize {
                 self.windows.reset(w);
             }
             self.descs.push(ReadDesc {
                 local: self.windows_region,
                 local_offset: (base * SLOT_BYTES) as u64,
                 remote: batch.slot_region,
-                remote_offset: LeaseSlots::offset_of(lo),
-                len: u64::from(span) * SLOT_BYTES as u64,
+                remote_offset: LeaseSlots::offset_of(first),
+                len: u64::from(count) * SLOT_BYTES as u64,
             });
-            self.agents[b].span_base = Some(lo);
+            self.agents[b].span_base = Some(first);
         } else {
             let mut cell = batch.queued;
             while cell != NIL {
@@ -999,13 +1043,13 @@ mod tests {
     }
 
     #[test]
-    fn packed_slots_are_read_as_one_span_and_scattered_ones_per_slot() {
+    fn packed_slots_are_read_as_their_aligned_window_and_scattered_ones_per_slot() {
         let mut f = FakeFabric::new(1, 6000);
         for (slot, nonce) in [(0, 10), (7, 17), (5000, 50)] {
             f.remotes[0].publish(slot, nonce);
         }
         let mut v = LeaseVerifier::new(&mut f, 8, 2).unwrap();
-        // Slots 0 and 7: one 64-byte descriptor.
+        // Slots 0 and 7: one descriptor, the whole first window (1024 slots).
         v.submit(1, lf(0, 10), &[target(&f, 0)]).unwrap();
         v.submit(2, lf(7, 17), &[target(&f, 0)]).unwrap();
         assert_eq!(
@@ -1013,8 +1057,11 @@ mod tests {
             [(1, Verdict::Verified), (2, Verdict::Verified)]
         );
         assert_eq!(f.reads[0].1.len(), 1);
-        assert_eq!(f.reads[0].1[0].len, 64);
-        // Slots 0 and 5000 are further apart than a window: two 8-byte descriptors.
+        assert_eq!(
+            (f.reads[0].1[0].remote_offset, f.reads[0].1[0].len),
+            (0, 8 * u64::from(WINDOW_SLOTS))
+        );
+        // Slots 0 and 5000 lie in different windows: two 8-byte descriptors.
         v.submit(3, lf(0, 10), &[target(&f, 0)]).unwrap();
         v.submit(4, lf(5000, 51), &[target(&f, 0)]).unwrap();
         assert_eq!(
@@ -1025,6 +1072,63 @@ mod tests {
         assert_eq!(
             (v.counters().slot_reads, v.counters().coalesced_reads),
             (2, 1)
+        );
+        // Slot 5000 alone: its window, slots 4096..5120.
+        v.submit(5, lf(5000, 50), &[target(&f, 0)]).unwrap();
+        assert_eq!(run(&mut v, &mut f), [(5, Verdict::Verified)]);
+        assert_eq!(
+            (f.reads[2].1[0].remote_offset, f.reads[2].1[0].len),
+            (8 * 4096, 8 * 1024)
+        );
+        // The last window is clipped to the agent's 6000 slots.
+        f.remotes[0].publish(5999, 99);
+        v.submit(6, lf(5999, 99), &[target(&f, 0)]).unwrap();
+        assert_eq!(run(&mut v, &mut f), [(6, Verdict::Verified)]);
+        assert_eq!(
+            (f.reads[3].1[0].remote_offset, f.reads[3].1[0].len),
+            (8 * 5120, 8 * (6000 - 5120))
+        );
+    }
+
+    /// Issue 8, item 7: the descriptor of a window READ depends only on the
+    /// agent and the window, not on which slots are checked, so a fabric with
+    /// prepared requests (NIXL) re-posts one instead of creating one per batch.
+    #[test]
+    fn window_reads_repeat_the_same_descriptor_whatever_the_slots() {
+        let mut f = FakeFabric::new(2, 300);
+        for s in 0..300 {
+            f.remotes[0].publish(s, u64::from(s) + 1);
+            f.remotes[1].publish(s, u64::from(s) + 1);
+        }
+        let mut v = LeaseVerifier::new(&mut f, 8, 2).unwrap();
+        let mut rng = 7u64;
+        for round in 0..50u64 {
+            // 1 to 3 random live slots per step, on either agent.
+            for _ in 0..1 + round % 3 {
+                rng = rng
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let slot = ((rng >> 33) % 300) as u32;
+                let agent = ((rng >> 20) & 1) as u32;
+                v.submit(round, lf(slot, u64::from(slot) + 1), &[target(&f, agent)])
+                    .unwrap();
+            }
+            assert!(run(&mut v, &mut f)
+                .iter()
+                .all(|(_, v)| *v == Verdict::Verified));
+        }
+        let mut distinct: Vec<(AgentId, Vec<ReadDesc>)> = Vec::new();
+        for (agent, descs, _) in &f.reads {
+            let r = (*agent, descs.clone());
+            if !distinct.contains(&r) {
+                distinct.push(r);
+            }
+        }
+        assert!(f.reads.len() >= 50, "{} reads", f.reads.len());
+        assert_eq!(
+            distinct.len(),
+            2,
+            "one descriptor set per agent: {distinct:?}"
         );
     }
 
