@@ -45,7 +45,11 @@ fuzz_target!(|data: &[u8]| {
         let held_before = rank.held();
         match rank.apply_directives(msg, now) {
             Ok(s) => assert!(rank.held() as u64 <= u64::from(held_before) + u64::from(s.applied)),
-            Err(_) => assert_eq!(rank.held(), held_before, "a refused message changed the rank"),
+            Err(_) => assert_eq!(
+                rank.held(),
+                held_before,
+                "a refused message changed the rank"
+            ),
         }
         rank.poll(now + std::time::Duration::from_secs(3600));
         // Whatever was granted has expired or was never timed; pinned ones
