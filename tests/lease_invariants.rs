@@ -466,3 +466,30 @@ fn regrant_before_drain_is_refused_and_the_release_names_its_lease() {
     assert_ne!(second.nonce, first.nonce);
     assert_eq!(book.expiry("X"), Some(secs(60)));
 }
+
+/// Issue 8, item 8: an engine that frees blocks in the drain callback gets
+/// the slots back to the pool without collecting tickets.
+#[test]
+fn drain_freed_returns_slots_without_collecting_tickets() {
+    let mut book = book_with_ranks(2, 8, 1);
+    let a = book.grant("a", T0).unwrap().slot.unwrap();
+    let b = book.grant("b", T0).unwrap().slot.unwrap();
+    assert!(book.grant("c", T0).unwrap().slot.is_none(), "pool empty");
+    book.poll(secs(31));
+    let mut freed = Vec::new();
+    book.drain_freed(|r| freed.push((r.request_id.to_string(), r.slot.as_ref().map(|t| t.slot()))));
+    freed.sort();
+    assert_eq!(
+        freed,
+        [
+            ("a".to_string(), Some(a)),
+            ("b".to_string(), Some(b)),
+            ("c".to_string(), None)
+        ]
+    );
+    assert_eq!(book.counters().slots_returned, 2);
+    assert!(
+        book.grant("d", secs(31)).unwrap().slot.is_some(),
+        "slots back in the pool"
+    );
+}

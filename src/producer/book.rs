@@ -355,6 +355,13 @@ impl LeaseBook {
         self.scheduler.drain_released(report);
     }
 
+    /// As [`LeaseBook::drain_released`] for an engine that frees a lease's
+    /// blocks inside the callback; each slot then goes back to the pool at
+    /// once ([`PrefillScheduler::drain_freed`]).
+    pub fn drain_freed(&mut self, free_blocks: impl FnMut(&Released<'_>)) {
+        self.scheduler.drain_freed(free_blocks);
+    }
+
     /// The engine freed the blocks of a released lease: its slot may be
     /// reused.
     pub fn blocks_freed(&mut self, ticket: SlotTicket) {

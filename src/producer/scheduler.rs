@@ -794,6 +794,24 @@ impl PrefillScheduler {
         }
     }
 
+    /// As [`PrefillScheduler::drain_released`], for an engine that frees a
+    /// lease's blocks inside the callback: once `free_blocks` returns, the
+    /// lease's slot goes back to the pool (counted in `slots_returned`), with
+    /// no tickets to collect. The callback must not return before the blocks
+    /// are really free: the next lease may be handed the slot at once.
+    pub fn drain_freed(&mut self, mut free_blocks: impl FnMut(&Released<'_>)) {
+        let pool = Arc::clone(&self.pool);
+        let mut returned = 0u64;
+        self.drain_released(|r| {
+            free_blocks(&r);
+            if let Some(t) = r.slot {
+                pool.give_back(t);
+                returned += 1;
+            }
+        });
+        self.counters.slots_returned += returned;
+    }
+
     /// The engine freed the blocks of a released lease: its slot may be
     /// reused. (Tickets may also go straight back to
     /// [`PrefillScheduler::slot_pool`] from another thread; then they are
