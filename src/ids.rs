@@ -7,7 +7,7 @@
 //! `0..capacity` and keep their own state per entry; this table keeps entry
 //! `e`'s id and finds `e` again from the id.
 //!
-//! The index alone is [`IdIndex`]: a structure that keeps its ids somewhere
+//! The index alone is `IdIndex` (crate-internal): a structure that keeps its ids somewhere
 //! better for its hot path (the P rank keeps each id in the same cache line
 //! as the lease's expiry and nonce) uses it directly and answers "is entry
 //! `e`'s id this one?" with a closure.
