@@ -193,9 +193,10 @@ pub struct DirectiveMsg<'a> {
 }
 
 impl<'a> DirectiveMsg<'a> {
-    /// Checks the frame and every record: op known, nonce non-zero, a Grant's
-    /// id non-empty, inside the id area and UTF-8, a Start's remaining lease
-    /// present, no slot on anything but a Grant.
+    /// Checks the frame and every record: op known, nonce non-zero, reserved
+    /// byte 0, a Grant's id non-empty, inside the id area and UTF-8, ids back
+    /// to back and covering the id area, a Start's remaining lease present,
+    /// no slot on anything but a Grant.
     pub fn decode(bytes: &'a [u8]) -> Result<DirectiveMsg<'a>, IpcError> {
         let frame = FrameReader::parse(bytes, MsgKind::Directives, RECORD_LEN, 0)?;
         if frame.header.from != FROM_SCHEDULER {
@@ -205,9 +206,26 @@ impl<'a> DirectiveMsg<'a> {
             });
         }
         let msg = DirectiveMsg { frame };
+        // Ids lie back to back in record order and fill the id area: the
+        // one layout the encoder writes, so decoding and re-encoding agree.
+        let mut at = 0u64;
         for index in 0..frame.header.records {
-            msg.check(index)
-                .map_err(|what| IpcError::BadRecord { index, what })?;
+            let r: Record = frame.record(index);
+            let bad = |what| IpcError::BadRecord { index, what };
+            if r.reserved != 0 {
+                return Err(bad("reserved byte not 0"));
+            }
+            if u64::from(r.id_offset) != at {
+                return Err(bad("id not where the previous one ended"));
+            }
+            at += u64::from(r.id_len);
+            msg.check(index).map_err(bad)?;
+        }
+        if at != u64::from(frame.header.ids_len) {
+            return Err(IpcError::BadRecord {
+                index: frame.header.records,
+                what: "id area bytes no record refers to",
+            });
         }
         Ok(msg)
     }
@@ -392,5 +410,47 @@ mod tests {
             DirectiveMsg::decode(&from_rank),
             Err(IpcError::WrongSender { .. })
         ));
+    }
+
+    /// Found by the `role_messages` fuzz target: a frame whose id area holds
+    /// bytes no record names decoded, and re-encoded to other bytes. One
+    /// message, one encoding: refused.
+    #[test]
+    fn id_area_bytes_no_record_names_are_refused() {
+        let ds = sample();
+        let mut buf = vec![0u8; encoded_len(ds)];
+        let n = encode(&mut buf, 1, ds).unwrap();
+        let mut longer = buf[..n].to_vec();
+        longer.push(b'x');
+        longer[24..28].copy_from_slice(&(6u32 + 1).to_le_bytes());
+        assert_eq!(
+            DirectiveMsg::decode(&longer).map(|_| ()),
+            Err(IpcError::BadRecord {
+                index: 3,
+                what: "id area bytes no record refers to"
+            })
+        );
+        let mut moved = buf[..n].to_vec();
+        moved[32 + 32..32 + 36].copy_from_slice(&1u32.to_le_bytes());
+        assert!(matches!(
+            DirectiveMsg::decode(&moved),
+            Err(IpcError::BadRecord { index: 0, .. })
+        ));
+        let mut reserved = buf[..n].to_vec();
+        reserved[28] = 1;
+        assert_eq!(
+            DirectiveMsg::decode(&reserved).map(|_| ()),
+            Err(IpcError::Header {
+                what: "reserved header field not 0"
+            })
+        );
+        let mut extras = buf[..n].to_vec();
+        extras[20] = 1;
+        assert_eq!(
+            DirectiveMsg::decode(&extras).map(|_| ()),
+            Err(IpcError::Header {
+                what: "section B records in a message kind that has none"
+            })
+        );
     }
 }

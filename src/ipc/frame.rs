@@ -208,6 +208,18 @@ impl<'a> FrameReader<'a> {
                 found: header.kind,
             });
         }
+        // One encoding per message: a reader that accepted junk in reserved
+        // or absent fields would let two different byte strings mean the same.
+        if header.reserved != 0 {
+            return Err(IpcError::Header {
+                what: "reserved header field not 0",
+            });
+        }
+        if ext_size == 0 && header.extras != 0 {
+            return Err(IpcError::Header {
+                what: "section B records in a message kind that has none",
+            });
+        }
         let records = (header.records as u64).saturating_mul(rec_size as u64);
         let extras = (header.extras as u64).saturating_mul(ext_size as u64);
         let expected = (FRAME_HEADER_LEN as u64)

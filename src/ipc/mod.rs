@@ -141,6 +141,12 @@ pub enum IpcError {
         /// What is wrong.
         what: &'static str,
     },
+    /// A header field breaks the frame's rules (a reserved field not 0, a
+    /// section this kind of message does not have).
+    Header {
+        /// What is wrong.
+        what: &'static str,
+    },
     /// The sender field disagrees with who the receiver was told sent it.
     WrongSender {
         /// Who the receiver expected.
@@ -178,6 +184,7 @@ impl fmt::Display for IpcError {
             IpcError::BadRecord { index, what } => {
                 write!(f, "role message record {index}: {what}")
             }
+            IpcError::Header { what } => write!(f, "role message header: {what}"),
             IpcError::WrongSender { expected, found } => {
                 write!(
                     f,

@@ -98,11 +98,25 @@ pub struct ReportMsg<'a> {
 }
 
 impl<'a> ReportMsg<'a> {
-    /// Checks the frame and every record (reason known, nonce non-zero).
+    /// Checks the frame and every record (reason known, nonce non-zero,
+    /// reserved bytes 0; no id area).
     pub fn decode(bytes: &'a [u8]) -> Result<ReportMsg<'a>, IpcError> {
         let frame = FrameReader::parse(bytes, MsgKind::RankReports, RECORD_LEN, 0)?;
+        if frame.header.ids_len != 0 {
+            return Err(IpcError::BadRecord {
+                index: frame.header.records,
+                what: "id area bytes no record refers to",
+            });
+        }
         let msg = ReportMsg { frame };
         for index in 0..frame.header.records {
+            let r: Record = frame.record(index);
+            if r.reserved != [0; 3] {
+                return Err(IpcError::BadRecord {
+                    index,
+                    what: "reserved bytes not 0",
+                });
+            }
             msg.check(index)
                 .map_err(|what| IpcError::BadRecord { index, what })?;
         }
