@@ -1,0 +1,132 @@
+//! The claims a run's numbers support: each is computed from the report
+//! and printed with the numbers behind it, pass or fail. Nothing is
+//! asserted here that the run did not measure.
+//!
+//! - after a D crash, lease renewal reclaims the blocks of the requests D
+//!   had heartbeated within extension + one interval (plus one engine step
+//!   of slack), while the 480 s timeout holds dead blocks for minutes;
+//! - under overload, lease renewal frees nothing prematurely, while the
+//!   30 s timeout does;
+//! - with heartbeat loss, verification turns every stale read into a failed
+//!   load (0 silent corruptions), while without it corruptions are counted.
+
+use std::fmt::Write;
+
+use super::{Report, ScenarioReport};
+use crate::sim::metrics::RunReport;
+use crate::sim::scenario::Scenario;
+
+/// One claim and whether the numbers bear it out.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Check {
+    /// The claim, with its numbers.
+    pub text: String,
+    /// Whether it holds.
+    pub holds: bool,
+}
+
+/// Slack on the reclaim bound: an expiry is noticed at the next P step
+/// (one idle poll at most) plus one wheel tick.
+const STEP_SLACK_S: f64 = 0.1;
+
+fn policy<'a>(r: &'a ScenarioReport, name: &str) -> Option<&'a RunReport> {
+    r.policies.iter().find(|p| p.policy == name)
+}
+
+/// The checks that `report`'s scenarios and policies allow.
+pub fn checks(report: &Report) -> Vec<Check> {
+    let mut out = Vec::new();
+    for r in &report.runs {
+        let at = r
+            .sweep_value
+            .as_ref()
+            .map(|v| format!(" [sweep {v}]"))
+            .unwrap_or_default();
+        match r.scenario {
+            Scenario::DecodeCrash => {
+                if let (Some(l), Some(f)) = (policy(r, "lease+verify"), policy(r, "fixed-480")) {
+                    let bound = r.lease.extension_s + r.lease.interval_s;
+                    let renewed = l.reclaim_renewed_s;
+                    let holds = renewed.is_some_and(|x| x <= bound + STEP_SLACK_S)
+                        && f.reclaim_s.is_none_or(|x| x > 4.0 * bound);
+                    out.push(Check {
+                        text: format!(
+                            "decode-crash{at}: lease+verify reclaimed the heartbeated dead blocks {} s after the crash \
+                             (bound: extension {} + interval {} = {bound} s), all dead blocks by {} s; \
+                             fixed-480 held dead blocks {} s ({} vs {} dead-block-seconds)",
+                            fmt(renewed),
+                            r.lease.extension_s,
+                            r.lease.interval_s,
+                            fmt(l.reclaim_s),
+                            fmt(f.reclaim_s),
+                            f.dead_block_seconds.round(),
+                            l.dead_block_seconds.round()
+                        ),
+                        holds,
+                    });
+                }
+            }
+            Scenario::Overload => {
+                if let (Some(l), Some(f)) = (policy(r, "lease+verify"), policy(r, "fixed-30")) {
+                    out.push(Check {
+                        text: format!(
+                            "overload{at}: lease+verify freed {} requests' blocks prematurely, fixed-30 {} \
+                             ({} of its loads accepted reused blocks)",
+                            l.premature_frees, f.premature_frees, f.silent_corruptions
+                        ),
+                        holds: l.premature_frees == 0 && f.premature_frees > 0,
+                    });
+                }
+            }
+            Scenario::HeartbeatLoss => {
+                if let (Some(v), Some(n)) = (policy(r, "lease+verify"), policy(r, "lease-noverify"))
+                {
+                    out.push(Check {
+                        text: format!(
+                            "heartbeat-loss{at}: with verification {} of {} stale reads failed the load, {} silent \
+                             corruptions; without it {} stale reads, {} silent corruptions",
+                            v.stale_caught, v.stale_reads, v.silent_corruptions, n.stale_reads, n.silent_corruptions
+                        ),
+                        holds: v.stale_reads > 0
+                            && v.stale_caught == v.stale_reads
+                            && v.silent_corruptions == 0
+                            && n.silent_corruptions > 0,
+                    });
+                }
+            }
+            _ => {}
+        }
+        for p in &r.policies {
+            if p.verified_but_wrong > 0 {
+                out.push(Check {
+                    text: format!(
+                        "{}{at} {}: {} loads passed verification with another request's KV",
+                        r.scenario.name(),
+                        p.policy,
+                        p.verified_but_wrong
+                    ),
+                    holds: false,
+                });
+            }
+        }
+    }
+    out
+}
+
+fn fmt(x: Option<f64>) -> String {
+    x.map_or_else(|| "(not within the run)".into(), |v| format!("{v:.1}"))
+}
+
+/// The checks as text.
+pub fn render(checks: &[Check]) -> String {
+    let mut out = String::new();
+    for c in checks {
+        let _ = writeln!(
+            out,
+            "[{}] {}",
+            if c.holds { "ok" } else { "FAILED" },
+            c.text
+        );
+    }
+    out
+}
