@@ -321,9 +321,11 @@ impl SimArgs {
         }
         let rate = match self.rate {
             Some(r) if r.is_finite() && r > 0.0 && r <= 1e6 => r,
-            Some(r) => return Err(format!(
+            Some(r) => {
+                return Err(format!(
                 "--rate must be a positive number of requests per second (at most 1e6), got {r}"
-            )),
+            ))
+            }
             None => 0.45 * f64::from(d_engines) * model.d_capacity(self.output_tokens),
         };
         let workload = Workload {

@@ -86,10 +86,10 @@ impl Scenario {
                 plan.surge = Some(Surge {
                     start: s(40),
                     end: s(100),
-                    factor: 2.5,
+                    factor: 4.0,
                 });
                 plan.faults.push((s(90), Fault::CrashDecode { d: 0 }));
-                plan.description = "D 0 crashes at 90 s during a surge (40-100 s, x2.5)".into();
+                plan.description = "D 0 crashes at 90 s during a surge (40-100 s, x4)".into();
             }
             Scenario::Overload => {
                 plan.duration = s(420);
@@ -106,14 +106,14 @@ impl Scenario {
                 plan.surge = Some(Surge {
                     start: s(60),
                     end: s(150),
-                    factor: 3.0,
+                    factor: 4.0,
                 });
                 plan.faults
                     .push((s(90), Fault::DecodeNotifications { d: 0, lost: true }));
                 plan.faults
                     .push((s(180), Fault::DecodeNotifications { d: 0, lost: false }));
                 plan.description =
-                    "surge x3 (60-150 s); D 0's notifications to P lost 90-180 s".into();
+                    "surge x4 (60-150 s); D 0's notifications to P lost 90-180 s".into();
             }
             Scenario::MidreadLapse => {
                 plan.surge = Some(Surge {
@@ -150,7 +150,7 @@ impl Scenario {
                 plan.surge = Some(Surge {
                     start: s(60),
                     end: s(150),
-                    factor: 2.5,
+                    factor: 4.0,
                 });
                 plan.faults.push((
                     s(60),
@@ -169,7 +169,7 @@ impl Scenario {
                     },
                 ));
                 plan.description = format!(
-                    "P 0 rank {last_rank} hears no notification 60-200 s; surge x2.5 (60-150 s)"
+                    "P 0 rank {last_rank} hears no notification 60-200 s; surge x4 (60-150 s)"
                 );
             }
         }

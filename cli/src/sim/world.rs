@@ -169,7 +169,7 @@ impl World {
 }
 
 /// The loopback network a fleet needs.
-fn network(fleet: &Fleet, model: &EngineModel, seed: u64) -> LoopbackConfig {
+fn network(fleet: &Fleet, model: &EngineModel, workload: &Workload, seed: u64) -> LoopbackConfig {
     let fan_out = (fleet.p_tp / fleet.d_tp).max(1);
     let p_ranks = fleet.p_engines * fleet.p_tp;
     LoopbackConfig {
@@ -180,8 +180,13 @@ fn network(fleet: &Fleet, model: &EngineModel, seed: u64) -> LoopbackConfig {
         max_regions: 8,
         // Block READs of every load, plus one lease-check READ per P rank.
         max_reads_in_flight: model.d_max_seqs * fan_out + p_ranks + 16,
-        // A load's blocks (one descriptor each at worst) or a batch of checks.
-        max_descs_per_read: 4096,
+        // A load's blocks (one descriptor each at worst) or a batch of lease
+        // checks (one each when their slots are scattered; a worker has at
+        // most d_max_seqs loads). Preallocated per READ: keep it tight.
+        max_descs_per_read: model
+            .blocks_for(workload.prompt_tokens + workload.prompt_tokens / 2)
+            .max(model.d_max_seqs)
+            + 8,
         read_latency: model.read_latency,
         transfer_timeout: model.transfer_timeout,
         handshake_polls: 2,
@@ -202,7 +207,12 @@ pub fn run(spec: &RunSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<RunOutput,
     let realised = spec.policy.realise(&config);
     let heartbeats = realised.heartbeats;
     let mut rng = SimRng::new(spec.seed, 0);
-    let net = LoopbackNetwork::new(network(&spec.fleet, &spec.model, rng.next_u64()));
+    let net = LoopbackNetwork::new(network(
+        &spec.fleet,
+        &spec.model,
+        &spec.workload,
+        rng.next_u64(),
+    ));
     let t0 = Instant::from_secs(1);
     net.advance_to(t0);
     let mut p = Vec::new();
