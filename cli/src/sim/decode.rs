@@ -72,6 +72,10 @@ pub struct DecodeEngine {
     tp: u32,
     p_tp: u32,
     interval: Duration,
+    /// kv_lease_duration - extension: a lease granted this long before a
+    /// crash lives on heartbeats alone (its initial lease ends before the
+    /// last renewal does).
+    initial_margin: Duration,
     tracker: HeartbeatTracker,
     workers: Vec<DecodeWorker>,
     inbox: Vec<u64>,
@@ -124,6 +128,9 @@ impl DecodeEngine {
             tp: fleet.d_tp,
             p_tp: fleet.p_tp,
             interval: config.heartbeat_interval(),
+            initial_margin: config
+                .lease_duration()
+                .saturating_sub(config.lease_extension()),
             tracker,
             workers,
             inbox: Vec::new(),
@@ -195,9 +202,15 @@ impl DecodeEngine {
             if req.p_held {
                 req.orphaned_at = Some(now);
                 m.orphaned += 1;
-                // Tracked for a whole interval: P has heard a heartbeat for it.
-                req.renewed_before_crash =
-                    self.heartbeats && req.d_arrived.is_some_and(|t| t + self.interval <= now);
+                // Renewed: tracked for a whole interval (P heard a heartbeat
+                // in the last one) and granted long enough ago that the
+                // renewal, not the initial lease, decides its expiry. For
+                // those the protocol bound is extension + one interval.
+                req.renewed_before_crash = self.heartbeats
+                    && req.d_arrived.is_some_and(|t| t + self.interval <= now)
+                    && req
+                        .granted_at
+                        .is_some_and(|t| t + self.initial_margin <= now);
             }
             ledger.settle_if_done(serial);
         }

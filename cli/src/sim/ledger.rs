@@ -60,8 +60,8 @@ pub struct Req {
     pub d_state: DState,
     /// Its D crashed at this time while P held the blocks.
     pub orphaned_at: Option<Instant>,
-    /// It had been tracked by its D for at least one heartbeat interval
-    /// when the D crashed (so P had heard a heartbeat for it).
+    /// When its D crashed, heartbeats (not the initial lease) decided its
+    /// expiry (see `metrics`).
     pub renewed_before_crash: bool,
 }
 

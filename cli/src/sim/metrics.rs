@@ -6,8 +6,12 @@
 //! - **dead-block-seconds**: after a D crash, the integral over time of the
 //!   P blocks held for requests of the dead D, until P frees them.
 //! - **reclaim**: from the crash until P freed the last of those blocks;
-//!   `reclaim_renewed` the same over the requests the D had been tracking
-//!   for at least one heartbeat interval (so P had heard a heartbeat).
+//!   `reclaim_renewed` the same over the requests whose lease heartbeats
+//!   had carried past its initial length: tracked by D for at least one
+//!   heartbeat interval and granted at least `kv_lease_duration -
+//!   extension` before the crash. The protocol bounds the first by
+//!   max(kv_lease_duration, extension + interval) and the second by
+//!   extension + interval (plus one engine step).
 //! - **premature frees**: P freed a request's blocks while its D (alive)
 //!   still had to read them; `mid_read` those freed while the READ ran.
 //! - **stale reads**: D's block READ completed after P had freed the blocks;
