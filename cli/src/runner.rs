@@ -103,11 +103,12 @@ pub fn run_all(jobs: &[Job], threads: usize) -> Result<Vec<RunOutput>, SimError>
         // is not a terminal.
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
         bar.set_style(
-            ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
+            ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
                 .progress_chars("=> "),
         );
-        bar.set_message("simulated units (virtual seconds or requests)");
+        // Units: virtual seconds, or settled requests with --requests.
+        bar.set_message("simulated");
         let start = std::time::Instant::now();
         let mut shown = false;
         while finished.load(Ordering::Acquire) < jobs.len() {
