@@ -12,7 +12,7 @@ use super::{Report, ScenarioReport};
 pub const LEGEND: &str = "\
 done: requests completed on their own KV; goodput: done per second;
 dead blk*s: P blocks held for a crashed D's requests, integrated from the crash until freed;
-reclaim: crash -> last dead block freed (renewed: requests D had heartbeated);
+reclaim: crash -> last dead block freed (renewed: over leases heartbeats had carried past their initial length);
 peak held: most P blocks held at once, fleet-wide;
 premature: P freed blocks a live D still had to read (mid-read: during its READ);
 stale: READs that completed after P freed the blocks; caught: those verification failed;
