@@ -23,8 +23,9 @@ use crate::sim::scenario::Scenario;
 pub struct Check {
     /// The claim, with its numbers.
     pub text: String,
-    /// Whether it holds.
-    pub holds: bool,
+    /// Whether it holds; `None` when the run never got to test it (the
+    /// crash orphaned nothing, no queue outlasted a 30 s timeout).
+    pub holds: Option<bool>,
 }
 
 /// Slack on the reclaim bound: an expiry is noticed at the next P step
@@ -67,7 +68,9 @@ pub fn checks(report: &Report) -> Vec<Check> {
                             f.dead_block_seconds.round(),
                             l.dead_block_seconds.round()
                         ),
-                        holds: renewed_ok && all_ok && f.reclaim_s.is_none_or(|x| x > all_bound),
+                        holds: (l.orphaned > 0 || f.orphaned > 0).then_some(
+                            renewed_ok && all_ok && f.reclaim_s.is_none_or(|x| x > all_bound),
+                        ),
                     });
                 }
             }
@@ -79,7 +82,9 @@ pub fn checks(report: &Report) -> Vec<Check> {
                              ({} of its loads accepted reused blocks)",
                             l.premature_frees, f.premature_frees, f.silent_corruptions
                         ),
-                        holds: l.premature_frees == 0 && f.premature_frees > 0,
+                        // Nothing to show if no request waited past 30 s.
+                        holds: (l.premature_frees + f.premature_frees > 0)
+                            .then_some(l.premature_frees == 0 && f.premature_frees > 0),
                     });
                 }
             }
@@ -101,9 +106,11 @@ pub fn checks(report: &Report) -> Vec<Check> {
                     };
                     out.push(Check {
                         text,
-                        holds: v.stale_caught == v.stale_reads
-                            && v.silent_corruptions == 0
-                            && (v.stale_reads == 0 || n.silent_corruptions > 0),
+                        holds: (v.stale_reads > 0).then_some(
+                            v.stale_caught == v.stale_reads
+                                && v.silent_corruptions == 0
+                                && n.silent_corruptions > 0,
+                        ),
                     });
                 }
             }
@@ -118,7 +125,7 @@ pub fn checks(report: &Report) -> Vec<Check> {
                         p.policy,
                         p.verified_but_wrong
                     ),
-                    holds: false,
+                    holds: Some(false),
                 });
             }
         }
@@ -134,12 +141,12 @@ fn fmt(x: Option<f64>) -> String {
 pub fn render(checks: &[Check]) -> String {
     let mut out = String::new();
     for c in checks {
-        let _ = writeln!(
-            out,
-            "[{}] {}",
-            if c.holds { "ok" } else { "FAILED" },
-            c.text
-        );
+        let tag = match c.holds {
+            Some(true) => "ok",
+            Some(false) => "FAILED",
+            None => "n/a",
+        };
+        let _ = writeln!(out, "[{tag}] {}", c.text);
     }
     out
 }

@@ -31,6 +31,7 @@ use kvlease::{
     SlotTicket,
 };
 
+use super::blocks::BlockPool;
 use super::error::{Context, SimError};
 use super::kv::KvAgent;
 use super::ledger::{p_request_id, serial_of, DState, Ledger};
@@ -82,8 +83,6 @@ pub struct PrefillEngine {
     /// The last step scheduled nothing: the engine idles between polls.
     pub idle: bool,
 }
-
-use super::blocks::BlockPool;
 
 /// What one P step produced.
 pub struct PStepOut {
