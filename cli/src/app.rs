@@ -59,10 +59,9 @@ pub fn sim(args: &SimArgs) -> Result<Output, String> {
             s.push('\n');
             s.push_str(&sw);
         }
-        let c = checks::checks(&report);
-        if !c.is_empty() {
+        if !report.checks.is_empty() {
             s.push_str("\nchecks (from the numbers above):\n");
-            s.push_str(&checks::render(&c));
+            s.push_str(&checks::render(&report.checks));
         }
         let _ = writeln!(
             s,

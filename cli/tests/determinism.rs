@@ -33,6 +33,10 @@ fn same_seed_same_json_bytes() {
     let v: serde_json::Value = serde_json::from_slice(&a).expect("valid JSON");
     assert_eq!(v["seed"], 42);
     assert_eq!(v["runs"].as_array().map(Vec::len), Some(2));
+    // The report carries its checks: heartbeat-loss's holds on this seed.
+    let checks = v["checks"].as_array().expect("checks");
+    assert_eq!(checks.len(), 1);
+    assert_eq!(checks[0]["holds"], true, "{}", checks[0]["text"]);
     assert!(
         !String::from_utf8_lossy(&a).contains("us_per_step"),
         "wall-clock timings stay out of the JSON"

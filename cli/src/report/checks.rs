@@ -19,7 +19,7 @@ use crate::sim::metrics::RunReport;
 use crate::sim::scenario::Scenario;
 
 /// One claim and whether the numbers bear it out.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Check {
     /// The claim, with its numbers.
     pub text: String,

@@ -115,6 +115,8 @@ pub struct Report {
     pub sweep: Option<SweepReport>,
     /// Per sweep value and scenario.
     pub runs: Vec<ScenarioReport>,
+    /// The claims these numbers support (see [`checks`]).
+    pub checks: Vec<checks::Check>,
 }
 
 impl Report {
@@ -151,7 +153,7 @@ impl Report {
             r.policies.push(rep);
             r.series.push((job.policy, out.metrics.held_series.clone()));
         }
-        Report {
+        let mut report = Report {
             seed: s.seed,
             fleet: FleetReport {
                 p_engines: s.fleet.p_engines,
@@ -171,6 +173,9 @@ impl Report {
                 values: sw.points.iter().map(|(v, _)| v.clone()).collect(),
             }),
             runs,
-        }
+            checks: Vec::new(),
+        };
+        report.checks = checks::checks(&report);
+        report
     }
 }
