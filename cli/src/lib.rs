@@ -1,0 +1,14 @@
+//! The `kvlease` command line (`kvlease sim`), as a library so that its
+//! integration tests can drive the simulator directly.
+//!
+//! - [`sim`]: the simulated deployment (engines, router, faults, metrics);
+//! - [`report`]: the terminal table, JSON, the SVG plot, the sweep table;
+//! - [`args`]: the command line and the settings it yields;
+//! - [`runner`]: running many (scenario, policy) pairs with a progress bar;
+//! - [`app`]: one invocation, from flags to output.
+
+pub mod app;
+pub mod args;
+pub mod report;
+pub mod runner;
+pub mod sim;

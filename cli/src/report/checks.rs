@@ -1,0 +1,152 @@
+//! The claims a run's numbers support: each is computed from the report
+//! and printed with the numbers behind it, pass or fail. Nothing is
+//! asserted here that the run did not measure.
+//!
+//! - after a D crash, lease renewal reclaims the leases that heartbeats had
+//!   carried past their initial length within extension + one interval,
+//!   and every dead block within max(kv_lease_duration, extension +
+//!   interval) (plus one engine step of slack each), while the 480 s
+//!   timeout holds dead blocks for minutes;
+//! - under overload, lease renewal frees nothing prematurely, while the
+//!   30 s timeout does;
+//! - with heartbeat loss, verification turns every stale read into a failed
+//!   load (0 silent corruptions), while without it corruptions are counted.
+
+use std::fmt::Write;
+
+use super::{Report, ScenarioReport};
+use crate::sim::metrics::RunReport;
+use crate::sim::scenario::Scenario;
+
+/// One claim and whether the numbers bear it out.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Check {
+    /// The claim, with its numbers.
+    pub text: String,
+    /// Whether it holds; `None` when the run never got to test it (the
+    /// crash orphaned nothing, no queue outlasted a 30 s timeout).
+    pub holds: Option<bool>,
+}
+
+/// Slack on the reclaim bound: an expiry is noticed at the next P step
+/// (one idle poll at most) plus one wheel tick.
+const STEP_SLACK_S: f64 = 0.1;
+
+fn policy<'a>(r: &'a ScenarioReport, name: &str) -> Option<&'a RunReport> {
+    r.policies.iter().find(|p| p.policy == name)
+}
+
+/// The checks that `report`'s scenarios and policies allow.
+pub fn checks(report: &Report) -> Vec<Check> {
+    let mut out = Vec::new();
+    for r in &report.runs {
+        let at = r
+            .sweep_value
+            .as_ref()
+            .map(|v| format!(" [sweep {v}]"))
+            .unwrap_or_default();
+        match r.scenario {
+            Scenario::DecodeCrash => {
+                if let (Some(l), Some(f)) = (policy(r, "lease+verify"), policy(r, "fixed-480")) {
+                    let bound = r.lease.extension_s + r.lease.interval_s;
+                    let all_bound = bound.max(r.lease.duration_s);
+                    let renewed_ok = l
+                        .reclaim_renewed_s
+                        .is_none_or(|x| x <= bound + STEP_SLACK_S);
+                    let all_ok = l.reclaim_s.is_some_and(|x| x <= all_bound + STEP_SLACK_S);
+                    out.push(Check {
+                        text: format!(
+                            "decode-crash{at}: lease+verify reclaimed the renewed dead leases {} after the crash \
+                             (bound: extension {} + interval {} = {bound} s) and every dead block by {} \
+                             (bound: max(lease, extension + interval) = {all_bound} s); \
+                             fixed-480 held dead blocks {} ({} vs {} dead-block-seconds)",
+                            fmt(l.reclaim_renewed_s),
+                            r.lease.extension_s,
+                            r.lease.interval_s,
+                            fmt(l.reclaim_s),
+                            fmt(f.reclaim_s),
+                            f.dead_block_seconds.round(),
+                            l.dead_block_seconds.round()
+                        ),
+                        holds: (l.orphaned > 0 || f.orphaned > 0).then_some(
+                            renewed_ok && all_ok && f.reclaim_s.is_none_or(|x| x > all_bound),
+                        ),
+                    });
+                }
+            }
+            Scenario::Overload => {
+                if let (Some(l), Some(f)) = (policy(r, "lease+verify"), policy(r, "fixed-30")) {
+                    out.push(Check {
+                        text: format!(
+                            "overload{at}: lease+verify freed {} requests' blocks prematurely, fixed-30 {} \
+                             ({} of its loads accepted reused blocks)",
+                            l.premature_frees, f.premature_frees, f.silent_corruptions
+                        ),
+                        // Nothing to show if no request waited past 30 s.
+                        holds: (l.premature_frees + f.premature_frees > 0)
+                            .then_some(l.premature_frees == 0 && f.premature_frees > 0),
+                    });
+                }
+            }
+            Scenario::HeartbeatLoss => {
+                if let (Some(v), Some(n)) = (policy(r, "lease+verify"), policy(r, "lease-noverify"))
+                {
+                    let text = if v.stale_reads == 0 {
+                        format!(
+                            "heartbeat-loss{at}: no lease lapsed under lease+verify at this setting \
+                             (nothing to catch); without verification {} silent corruptions",
+                            n.silent_corruptions
+                        )
+                    } else {
+                        format!(
+                            "heartbeat-loss{at}: with verification {} of {} stale reads failed the load, {} silent \
+                             corruptions; without it {} stale reads, {} silent corruptions",
+                            v.stale_caught, v.stale_reads, v.silent_corruptions, n.stale_reads, n.silent_corruptions
+                        )
+                    };
+                    out.push(Check {
+                        text,
+                        holds: (v.stale_reads > 0).then_some(
+                            v.stale_caught == v.stale_reads
+                                && v.silent_corruptions == 0
+                                && n.silent_corruptions > 0,
+                        ),
+                    });
+                }
+            }
+            _ => {}
+        }
+        for p in &r.policies {
+            if p.verified_but_wrong > 0 {
+                out.push(Check {
+                    text: format!(
+                        "{}{at} {}: {} loads passed verification with another request's KV",
+                        r.scenario.name(),
+                        p.policy,
+                        p.verified_but_wrong
+                    ),
+                    holds: Some(false),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn fmt(x: Option<f64>) -> String {
+    x.map_or_else(|| "(no such lease)".into(), |v| format!("{v:.1} s"))
+}
+
+/// The checks as text.
+pub fn render(checks: &[Check]) -> String {
+    let mut out = String::new();
+    for c in checks {
+        let tag = match c.holds {
+            Some(true) => "ok",
+            Some(false) => "FAILED",
+            None => "n/a",
+        };
+        let _ = writeln!(out, "[{tag}] {}", c.text);
+    }
+    out
+}

@@ -1,0 +1,115 @@
+//! `--sweep KEY=V1,V2,...`: the trade-off table, one row per value.
+//!
+//! Owns the sweep's summary: for each value, under lease renewal with
+//! verification, how long a crashed decoder's blocks stay dead (reclaim
+//! time and dead-block-seconds in decode-crash) against how many leases
+//! lapse on decoders that are alive (premature frees, summed over the
+//! other scenarios, and what they cost: recomputed prefills). The fixed
+//! timeouts do not depend on lease settings; their rows are the same
+//! reference at every value.
+
+use std::fmt::Write;
+
+use super::Report;
+use crate::sim::scenario::Scenario;
+
+/// The trade-off table of a sweep report (empty without a sweep).
+pub fn render(report: &Report) -> String {
+    let Some(sweep) = &report.sweep else {
+        return String::new();
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "trade-off over {} (policy lease+verify; premature frees and recomputes summed over the scenarios run)",
+        sweep.key
+    );
+    let headers = [
+        sweep.key.as_str(),
+        "interval",
+        "extension",
+        "reclaim (crash)",
+        "dead blk*s",
+        "premature",
+        "stale caught",
+        "recomputed",
+        "corrupt",
+        "goodput",
+    ];
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for v in &sweep.values {
+        let runs: Vec<_> = report
+            .runs
+            .iter()
+            .filter(|r| r.sweep_value.as_deref() == Some(v.as_str()))
+            .collect();
+        let lease = |r: &&super::ScenarioReport| {
+            r.policies
+                .iter()
+                .find(|p| p.policy == "lease+verify")
+                .cloned()
+        };
+        let crash = runs
+            .iter()
+            .find(|r| r.scenario == Scenario::DecodeCrash)
+            .and_then(lease);
+        let all: Vec<_> = runs.iter().filter_map(lease).collect();
+        let Some(first) = runs.first() else {
+            continue;
+        };
+        let sum = |f: fn(&crate::sim::metrics::RunReport) -> u64| {
+            all.iter().map(f).sum::<u64>().to_string()
+        };
+        rows.push(vec![
+            v.clone(),
+            format!("{}", first.lease.interval_s),
+            format!("{}", first.lease.extension_s),
+            crash
+                .as_ref()
+                .map(|c| c.reclaim_s.map_or(">run".into(), |x| format!("{x:.1} s")))
+                .unwrap_or_else(|| "-".into()),
+            crash
+                .as_ref()
+                .map(|c| format!("{:.0}", c.dead_block_seconds))
+                .unwrap_or_else(|| "-".into()),
+            sum(|p| p.premature_frees),
+            sum(|p| p.stale_caught),
+            sum(|p| p.recomputed),
+            sum(|p| p.silent_corruptions),
+            format!(
+                "{:.2}",
+                all.iter().map(|p| p.goodput_rps).sum::<f64>() / all.len().max(1) as f64
+            ),
+        ]);
+    }
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if i == 0 {
+                let _ = write!(s, "{c:<w$}");
+            } else {
+                let _ = write!(s, "  {c:>w$}");
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let _ = writeln!(
+        out,
+        "{}",
+        line(headers.iter().map(|h| h.to_string()).collect())
+    );
+    for row in rows {
+        let _ = writeln!(out, "{}", line(row));
+    }
+    let _ = writeln!(
+        out,
+        "(goodput: mean over the scenarios, requests per second)"
+    );
+    out
+}

@@ -1,0 +1,153 @@
+//! The terminal table: one block per scenario, one row per policy.
+//!
+//! Owns the column set and formatting. Every cell is a number from the
+//! report; a `-` means "not applicable" (no crash in the scenario) and
+//! `>run` a dead block still held when the run ended.
+
+use std::fmt::Write;
+
+use super::{Report, ScenarioReport};
+
+/// Column headers and what they mean (printed under the tables).
+pub const LEGEND: &str = "\
+done: requests completed on their own KV; goodput: done per second;
+dead blk*s: P blocks held for a crashed D's requests, integrated from the crash until freed;
+reclaim: crash -> last dead block freed (renewed: over leases heartbeats had carried past their initial length);
+peak held: most P blocks held at once, fleet-wide;
+premature: P freed blocks a live D still had to read (mid-read: during its READ);
+stale: READs that completed after P freed the blocks; caught: those verification failed;
+corrupt: loads accepted with another request's KV (reused blocks); failed: failed KV loads
+(unverifiable: no lease slot); recomp: prefills D recomputed;
+lease us/step: measured wall time of the kvlease calls per engine step (P / D).";
+
+fn secs(x: Option<f64>, dead_left: u64, crash: bool) -> String {
+    match x {
+        _ if !crash => "-".into(),
+        Some(v) => format!("{v:.1}"),
+        None if dead_left > 0 => ">run".into(),
+        None => "-".into(),
+    }
+}
+
+/// One scenario's block.
+pub fn scenario_table(r: &ScenarioReport) -> String {
+    let mut out = String::new();
+    let value = r
+        .sweep_value
+        .as_ref()
+        .map(|v| format!(" [sweep value {v}]"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "scenario {}{value}: {} (lease {} s, heartbeat every {} s, extension {} s)",
+        r.scenario.name(),
+        r.description,
+        r.lease.duration_s,
+        r.lease.interval_s,
+        r.lease.extension_s
+    );
+    let headers = [
+        "policy",
+        "done",
+        "goodput",
+        "lost",
+        "dead blk*s",
+        "reclaim",
+        "renewed",
+        "peak held",
+        "premature",
+        "mid-read",
+        "stale",
+        "caught",
+        "corrupt",
+        "failed",
+        "unverif",
+        "recomp",
+        "lease us/step P/D",
+    ];
+    let crash = r.policies.iter().any(|p| p.orphaned > 0);
+    let rows: Vec<Vec<String>> = r
+        .policies
+        .iter()
+        .map(|p| {
+            vec![
+                p.policy.clone(),
+                p.completed.to_string(),
+                format!("{:.2}", p.goodput_rps),
+                p.lost.to_string(),
+                if crash {
+                    format!("{:.0}", p.dead_block_seconds)
+                } else {
+                    "-".into()
+                },
+                secs(p.reclaim_s, p.dead_blocks_at_end, crash),
+                secs(p.reclaim_renewed_s, p.dead_blocks_at_end, crash),
+                p.peak_blocks_held.to_string(),
+                p.premature_frees.to_string(),
+                p.mid_read_frees.to_string(),
+                p.stale_reads.to_string(),
+                p.stale_caught.to_string(),
+                p.silent_corruptions.to_string(),
+                p.failed_loads.to_string(),
+                p.unverifiable.to_string(),
+                p.recomputed.to_string(),
+                p.timings
+                    .map(|t| format!("{:.1} / {:.1}", t.p_us_per_step, t.d_us_per_step))
+                    .unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cells: &[String]| -> String {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if i == 0 {
+                let _ = write!(s, "{c:<w$}");
+            } else {
+                let _ = write!(s, "  {c:>w$}");
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let head: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+    let _ = writeln!(out, "{}", line(&head));
+    for row in &rows {
+        let _ = writeln!(out, "{}", line(row));
+    }
+    out
+}
+
+/// The whole report as text.
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    let f = &report.fleet;
+    let w = &report.workload;
+    let _ = writeln!(
+        out,
+        "kvlease sim: seed {}, {} P x TP{} + {} D x TP{}, {:.2} req/s (prompt ~{} tok, output ~{} tok){}",
+        report.seed,
+        f.p_engines,
+        f.p_tp,
+        f.d_engines,
+        f.d_tp,
+        w.rate,
+        w.prompt_tokens,
+        w.output_tokens,
+        w.requests
+            .map(|n| format!(", {n} requests per run"))
+            .unwrap_or_default()
+    );
+    out.push('\n');
+    for r in &report.runs {
+        out.push_str(&scenario_table(r));
+        out.push('\n');
+    }
+    out.push_str(LEGEND);
+    out.push('\n');
+    out
+}

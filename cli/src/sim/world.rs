@@ -1,0 +1,402 @@
+//! One run: a scenario under a policy, event by event in virtual time.
+//!
+//! This module owns the event loop and the wiring: it builds the loopback
+//! network and the engines, draws arrivals, moves prefilled requests from P
+//! to D through the router, applies the scenario's faults through the
+//! network's controls, samples the blocks P holds once a second, and closes
+//! the books at the end. Events are processed in (time, sequence) order, so
+//! a run is a pure function of its [`RunSpec`].
+//!
+//! Engines step on their own clocks: a step's duration comes from the work
+//! it started (see [`super::model::EngineModel`]); an idle engine polls
+//! every `idle_poll`, and a request arriving at an idle engine wakes it.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+use kvlease::fabric::loopback::{
+    LoopbackConfig, LoopbackNetwork, Nodes, NotificationFaults, ReadFaults, UnreachableSends,
+};
+use kvlease::{Instant, LeaseConfig};
+
+use super::decode::DecodeEngine;
+use super::error::SimError;
+use super::ledger::{DState, Ledger, Req};
+use super::metrics::Metrics;
+use super::model::{EngineModel, Fleet, Workload};
+use super::policy::Policy;
+use super::prefill::PrefillEngine;
+use super::rng::SimRng;
+use super::router::{least_loaded, Arrivals};
+use super::scenario::{Fault, Scenario, ScenarioPlan};
+
+/// Everything that decides a run.
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// The policy.
+    pub policy: Policy,
+    /// The operator's lease settings (before the scenario and policy).
+    pub config: LeaseConfig,
+    /// The engines.
+    pub fleet: Fleet,
+    /// Engine sizes and timings.
+    pub model: EngineModel,
+    /// The request mix and rate.
+    pub workload: Workload,
+    /// The seed.
+    pub seed: u64,
+    /// Run this long instead of the scenario's duration.
+    pub duration: Option<Duration>,
+}
+
+impl RunSpec {
+    /// The lease settings the run's engines get: the operator's, the
+    /// scenario's pins, then the policy.
+    pub fn effective_config(&self, plan: &ScenarioPlan) -> LeaseConfig {
+        let mut c = self.config.clone();
+        if let Some(slots) = plan.lease_slots {
+            c.lease_slots = slots;
+        }
+        self.policy.realise(&c).config
+    }
+}
+
+/// What a run produced.
+#[derive(Clone, Debug)]
+pub struct RunOutput {
+    /// The counters.
+    pub metrics: Metrics,
+    /// Virtual seconds simulated.
+    pub seconds: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Fault(usize),
+    Arrive,
+    PStep(u32, u64),
+    DStep(u32, u64),
+    Deliver(u64),
+    Sample,
+}
+
+struct World {
+    net: std::sync::Arc<LoopbackNetwork>,
+    t0: Instant,
+    p: Vec<PrefillEngine>,
+    d: Vec<DecodeEngine>,
+    ledger: Ledger,
+    m: Metrics,
+    events: BinaryHeap<Reverse<(u64, u64, Ev)>>,
+    seq: u64,
+    model: EngineModel,
+}
+
+impl World {
+    fn at(&mut self, t: Instant, ev: Ev) {
+        self.seq += 1;
+        self.events.push(Reverse((t.as_nanos(), self.seq, ev)));
+    }
+
+    fn wake_p(&mut self, i: u32, now: Instant) {
+        let e = &mut self.p[i as usize];
+        if e.idle {
+            e.step_gen += 1;
+            e.idle = false;
+            let g = e.step_gen;
+            self.at(now, Ev::PStep(i, g));
+        }
+    }
+
+    fn wake_d(&mut self, i: u32, now: Instant) {
+        let e = &mut self.d[i as usize];
+        if e.idle && e.alive() {
+            e.step_gen += 1;
+            e.idle = false;
+            let g = e.step_gen;
+            self.at(now, Ev::DStep(i, g));
+        }
+    }
+
+    fn apply(&mut self, fault: Fault, now: Instant) {
+        let drop = |on: bool| NotificationFaults {
+            drop_probability: if on { 1.0 } else { 0.0 },
+            ..NotificationFaults::default()
+        };
+        match fault {
+            Fault::CrashDecode { d } => {
+                if let Some(e) = self.d.get_mut(d as usize) {
+                    e.crash(now, &self.net, &mut self.ledger, &mut self.m);
+                }
+            }
+            Fault::DecodeNotifications { d, lost } => {
+                for node in self
+                    .d
+                    .get(d as usize)
+                    .map(DecodeEngine::nodes)
+                    .unwrap_or_default()
+                {
+                    self.net
+                        .set_notification_faults(node, Nodes::All, drop(lost));
+                }
+            }
+            Fault::SlowReads { d, extra } => {
+                let faults = ReadFaults {
+                    delay_probability: if extra.is_some() { 1.0 } else { 0.0 },
+                    delay: extra.unwrap_or_default(),
+                    ..ReadFaults::default()
+                };
+                for node in self
+                    .d
+                    .get(d as usize)
+                    .map(DecodeEngine::nodes)
+                    .unwrap_or_default()
+                {
+                    self.net.set_read_faults(node, Nodes::All, faults);
+                }
+            }
+            Fault::RankDeaf { p, rank, deaf } => {
+                if let Some(node) = self.p.get(p as usize).and_then(|e| e.node(rank)) {
+                    self.net
+                        .set_notification_faults(Nodes::All, node, drop(deaf));
+                }
+            }
+        }
+    }
+}
+
+/// The loopback network a fleet needs.
+fn network(fleet: &Fleet, model: &EngineModel, workload: &Workload, seed: u64) -> LoopbackConfig {
+    let fan_out = (fleet.p_tp / fleet.d_tp).max(1);
+    let p_ranks = fleet.p_engines * fleet.p_tp;
+    LoopbackConfig {
+        max_agents: fleet.agents(),
+        queue_capacity: 256,
+        max_notification_len: 2048,
+        pen_capacity: 64,
+        max_regions: 8,
+        // Block READs of every load, plus one lease-check READ per P rank.
+        max_reads_in_flight: model.d_max_seqs * fan_out + p_ranks + 16,
+        // A load's blocks (one descriptor each at worst) or a batch of lease
+        // checks (one each when their slots are scattered; a worker has at
+        // most d_max_seqs loads). Preallocated per READ: keep it tight.
+        max_descs_per_read: model
+            .blocks_for(workload.prompt_tokens + workload.prompt_tokens / 2)
+            .max(model.d_max_seqs)
+            + 8,
+        read_latency: model.read_latency,
+        transfer_timeout: model.transfer_timeout,
+        handshake_polls: 2,
+        handshake_latency: Duration::from_millis(1),
+        seed,
+        unreachable_sends: UnreachableSends::Error,
+    }
+}
+
+/// Runs one (scenario, policy). `progress` is told of each simulated second
+/// (or, for a request-bounded run, each settled request).
+pub fn run(spec: &RunSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<RunOutput, SimError> {
+    let plan = spec.scenario.plan(&spec.fleet);
+    let config = spec.effective_config(&plan);
+    config
+        .validate()
+        .map_err(|e| SimError(format!("lease settings for {}: {e}", spec.policy.name())))?;
+    let realised = spec.policy.realise(&config);
+    let heartbeats = realised.heartbeats;
+    let mut rng = SimRng::new(spec.seed, 0);
+    let net = LoopbackNetwork::new(network(
+        &spec.fleet,
+        &spec.model,
+        &spec.workload,
+        rng.next_u64(),
+    ));
+    let t0 = Instant::from_secs(1);
+    net.advance_to(t0);
+    let mut p = Vec::new();
+    for i in 0..spec.fleet.p_engines {
+        p.push(PrefillEngine::new(
+            i,
+            spec.fleet.p_tp,
+            &config,
+            &spec.model,
+            &net,
+            rng.next_u64(),
+            t0,
+        )?);
+    }
+    let mut d = Vec::new();
+    for i in 0..spec.fleet.d_engines {
+        d.push(DecodeEngine::new(
+            i,
+            &spec.fleet,
+            &config,
+            heartbeats,
+            &spec.model,
+            &net,
+        )?);
+    }
+    let mut arrivals = Arrivals::new(SimRng::new(spec.seed, 1), spec.workload, plan.surge);
+    let mut w = World {
+        net,
+        t0,
+        p,
+        d,
+        ledger: Ledger::default(),
+        m: Metrics::default(),
+        events: BinaryHeap::new(),
+        seq: 0,
+        model: spec.model.clone(),
+    };
+    for i in 0..spec.fleet.p_engines {
+        w.wake_p(i, t0);
+    }
+    for i in 0..spec.fleet.d_engines {
+        w.wake_d(i, t0);
+    }
+    for (k, (at, _)) in plan.faults.iter().enumerate() {
+        w.at(t0 + *at, Ev::Fault(k));
+    }
+    w.at(t0 + Duration::from_secs(1), Ev::Sample);
+    let max_requests = spec.workload.max_requests;
+    let end = match (spec.duration, max_requests) {
+        (Some(d), _) => Some(t0 + d),
+        (None, Some(_)) => None,
+        (None, None) => Some(t0 + plan.duration),
+    };
+    if let Some(first) = arrivals.next_after(Duration::ZERO) {
+        w.at(t0 + first, Ev::Arrive);
+    }
+    let mut arrivals_done = max_requests == Some(0);
+    let mut now = t0;
+    let mut settled_reported = 0u64;
+    while let Some(Reverse((t, _, ev))) = w.events.pop() {
+        let t = Instant::from_nanos(t);
+        if end.is_some_and(|e| t > e) {
+            break;
+        }
+        now = t;
+        w.net.advance_to(now);
+        match ev {
+            Ev::Arrive => {
+                let (prompt, output) = arrivals.sizes();
+                let target = least_loaded(w.p.iter().map(|e| Some(e.queued()))).unwrap_or(0);
+                let serial = w.ledger.add(Req {
+                    prompt,
+                    output,
+                    arrived: now,
+                    p: target as u32,
+                    p_blocks: Vec::new(),
+                    p_held: false,
+                    p_freed_at: None,
+                    granted_at: None,
+                    lease: None,
+                    leased: false,
+                    d: None,
+                    d_arrived: None,
+                    d_state: DState::NotYet,
+                    orphaned_at: None,
+                    renewed_before_crash: false,
+                });
+                w.m.arrived += 1;
+                w.p[target].enqueue(serial);
+                w.wake_p(target as u32, now);
+                if max_requests.is_some_and(|n| w.ledger.arrived >= n) {
+                    arrivals_done = true;
+                } else if let Some(next) = arrivals.next_after(now.saturating_duration_since(t0)) {
+                    w.at(t0 + next, Ev::Arrive);
+                }
+            }
+            Ev::PStep(i, g) => {
+                if w.p[i as usize].step_gen != g {
+                    continue;
+                }
+                let out = w.p[i as usize].step(now, &mut w.ledger, &mut w.m, &w.model)?;
+                for serial in out.done {
+                    let at = now + w.model.proxy_latency;
+                    w.at(at, Ev::Deliver(serial));
+                }
+                let e = &mut w.p[i as usize];
+                e.step_gen += 1;
+                let g = e.step_gen;
+                w.at(now + out.duration, Ev::PStep(i, g));
+            }
+            Ev::DStep(i, g) => {
+                let e = &w.d[i as usize];
+                if e.step_gen != g || !e.alive() {
+                    continue;
+                }
+                let dur = w.d[i as usize].step(now, &mut w.ledger, &mut w.m, &w.model)?;
+                let e = &mut w.d[i as usize];
+                e.step_gen += 1;
+                let g = e.step_gen;
+                w.at(now + dur, Ev::DStep(i, g));
+            }
+            Ev::Deliver(serial) => {
+                // The proxy's hop to a dead D fails at once: it tries the next.
+                let target = least_loaded(w.d.iter().map(|e| e.alive().then(|| e.outstanding())));
+                match target {
+                    Some(di) => {
+                        if let Some(req) = w.ledger.get_mut(serial) {
+                            req.d = Some(di as u32);
+                        }
+                        w.d[di].deliver(serial);
+                        w.wake_d(di as u32, now);
+                    }
+                    None => {
+                        if let Some(req) = w.ledger.get_mut(serial) {
+                            req.d_state = DState::Lost;
+                            w.m.lost += 1;
+                        }
+                        w.ledger.settle_if_done(serial);
+                    }
+                }
+            }
+            Ev::Fault(k) => {
+                if let Some((_, f)) = plan.faults.get(k) {
+                    w.apply(*f, now);
+                }
+            }
+            Ev::Sample => {
+                w.m.held_series.push(w.m.blocks_held);
+                if max_requests.is_some() {
+                    progress(w.ledger.settled - settled_reported);
+                    settled_reported = w.ledger.settled;
+                    if arrivals_done && w.ledger.is_empty() {
+                        break;
+                    }
+                } else {
+                    progress(1);
+                }
+                w.at(now + Duration::from_secs(1), Ev::Sample);
+            }
+        }
+    }
+    if let Some(e) = end {
+        now = now.max(e);
+    }
+    // Close the books: dead blocks still held count up to the end.
+    let mut dead_left = 0u64;
+    for (_, req) in w.ledger.iter() {
+        if let (Some(crash), true) = (req.orphaned_at, req.p_held) {
+            let held = now.saturating_duration_since(crash).as_secs_f64();
+            w.m.dead_block_seconds += held * req.p_blocks.len() as f64;
+            dead_left += req.p_blocks.len() as u64;
+        }
+    }
+    w.m.dead_blocks_at_end = dead_left;
+    if dead_left > 0 {
+        // Not every dead block came back within the run.
+        w.m.reclaim_s = None;
+        w.m.reclaim_renewed_s = None;
+    }
+    w.m.granted_without_slot = w.p.iter().map(PrefillEngine::granted_without_slot).sum();
+    w.m.renewals = w.p.iter().map(PrefillEngine::renewals).sum();
+    w.m.heartbeat_messages = w.d.iter().map(DecodeEngine::heartbeat_messages).sum();
+    Ok(RunOutput {
+        seconds: now.saturating_duration_since(w.t0).as_secs_f64(),
+        metrics: w.m,
+    })
+}
