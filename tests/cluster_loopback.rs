@@ -110,6 +110,7 @@ impl LoopbackCluster {
         for event in out.events {
             self.events.push(Stamped {
                 at: self.now,
+                wall_ns: 0,
                 from,
                 event,
             });

@@ -364,6 +364,9 @@ pub fn runtime_available() -> bool {
 pub struct NixlStats {
     /// Notifications sent with `send_notification`.
     pub notifications_sent: u64,
+    /// Sends NIXL refused with a backend error (a broken endpoint): each
+    /// failed its peer ([`FabricError::PeerUnreachable`]).
+    pub notifications_failed: u64,
     /// Notifications handed to `drain_notifications` sinks.
     pub notifications_received: u64,
     /// READs posted.
@@ -1094,7 +1097,16 @@ impl Fabric for NixlFabric {
                 Ok(())
             }
             Err(NixlError::NotFound) => Err(FabricError::NotConnected),
-            Err(e) => Err(backend(e)),
+            Err(_) => {
+                // NIXL reports a broken endpoint (the peer's process died,
+                // its TCP connection was reset) only as a backend error.
+                // Fail the peer, as a failed READ does, so that the sender
+                // backs off and handshakes again (a restarted peer has a new
+                // agent) instead of retrying a dead endpoint every step.
+                self.stats.notifications_failed += 1;
+                self.fail_peer(i, FabricError::PeerUnreachable);
+                Err(FabricError::PeerUnreachable)
+            }
         }
     }
 

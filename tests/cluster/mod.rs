@@ -51,6 +51,10 @@ use kvlease::{
     PrefillScheduler, ReleaseReason,
 };
 
+/// The process hub: the deployment as separate processes over real NIXL.
+#[cfg(feature = "nixl")]
+pub mod process;
+
 /// P's `remote_engine_id`.
 pub const ENGINE_ID: &str = "prefill-0";
 /// P's tensor-parallel size.
@@ -243,6 +247,8 @@ pub enum Event {
     RankReleased(u32, u32, u64, ReleaseReason),
     /// P rank `rank` renewed `n` leases from one heartbeat.
     Renewed(u32, u32),
+    /// D worker: `n` heartbeat notifications left for P ranks in one step.
+    HbSent(u64),
     /// P scheduler: every rank let go of `id`; blocks freed, slot returned.
     Released {
         /// The request.
@@ -297,6 +303,7 @@ impl fmt::Display for Event {
                 write!(f, "rank-released {r} {e} {n} {}", reason_text(*why))
             }
             Event::Renewed(r, n) => write!(f, "renewed {r} {n}"),
+            Event::HbSent(n) => write!(f, "hb-sent {n}"),
             Event::Released {
                 id,
                 reason,
@@ -328,6 +335,7 @@ impl Event {
                 parse_reason(why)?,
             ),
             ["renewed", r, n] => Event::Renewed(r.parse().ok()?, n.parse().ok()?),
+            ["hb-sent", n] => Event::HbSent(n.parse().ok()?),
             ["released", id, why, n, s] => Event::Released {
                 id: id.to_string(),
                 reason: parse_reason(why)?,
@@ -346,6 +354,10 @@ impl Event {
 pub struct Stamped {
     /// The hub's clock.
     pub at: Instant,
+    /// When the emitting process produced it: its wall clock in ns since the
+    /// Unix epoch (processes on one machine share it), for latencies across
+    /// processes. 0 where all nodes share the hub's virtual clock.
+    pub wall_ns: u64,
     /// Who emitted it.
     pub from: Role,
     /// What.
@@ -777,6 +789,11 @@ impl<F: Fabric> DWorkerNode<F> {
     /// The load's verdict is in: report it, and tell every P rank the READ
     /// is done (with the nonce), whatever the verdict.
     fn finish(&mut self, k: usize, verdict: Verdict, out: &mut Outbox) {
+        if matches!(verdict, Verdict::ReadFailed(_)) {
+            // The fabric failed the peer (a READ that failed or timed out):
+            // the next load handshakes again, as an engine would.
+            self.agents.iter_mut().for_each(|a| *a = None);
+        }
         let load = &self.loads[k];
         if verdict == Verdict::Verified {
             // A verified load must hold P's blocks, word for word.
@@ -807,6 +824,11 @@ impl<F: Fabric> Node for DWorkerNode<F> {
         match cmd {
             Cmd::Peer(r, addr) => {
                 if let Some(p) = self.peers.borrow_mut().get_mut(*r as usize) {
+                    if p.as_ref() != Some(addr) {
+                        // A new incarnation of the rank: its agent, metadata
+                        // and memory are new, so handshake again.
+                        self.agents[*r as usize] = None;
+                    }
                     *p = Some(addr.clone());
                 }
             }
@@ -821,9 +843,14 @@ impl<F: Fabric> Node for DWorkerNode<F> {
         }
     }
 
-    fn deliver(&mut self, _from: Role, msg: &[u8], now: Instant, _out: &mut Outbox) {
+    fn deliver(&mut self, _from: Role, msg: &[u8], now: Instant, out: &mut Outbox) {
         let plan = HeartbeatPlan::decode(msg).expect("the scheduler's plan decodes");
+        let before = self.sender.counters().messages_sent;
         self.sender.send_plan(&plan, now);
+        let sent = self.sender.counters().messages_sent - before;
+        if sent > 0 {
+            out.events.push(Event::HbSent(sent));
+        }
     }
 
     fn step(&mut self, now: Instant, out: &mut Outbox) {
