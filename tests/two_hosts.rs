@@ -326,7 +326,7 @@ fn timeline(case: &str, c: &ProcessCluster, t0: Instant, cut: Option<Instant>, m
     if let Some(cut) = cut {
         for r in 0..P_TP {
             let renewed = |s: &&Stamped| matches!(s.event, Event::Renewed(x, _) if x == r);
-            if let Some(last) = ev.iter().filter(renewed).filter(|s| s.at <= cut).last() {
+            if let Some(last) = ev.iter().filter(renewed).rfind(|s| s.at <= cut) {
                 lines.push((last.at, format!("last heartbeat P rank {r} heard")));
             }
             if let Some(next) = ev.iter().filter(renewed).find(|s| s.at > cut) {
@@ -474,11 +474,7 @@ fn partition_shorter_than_the_extension(hosts: &TwoHosts, c: &mut ProcessCluster
     assert_eq!(verdict, "verified");
     for r in 0..P_TP {
         assert!(
-            find(
-                &c.events()[..],
-                |e| matches!(e, Event::Renewed(x, _) if *x == r)
-            )
-            .is_some(),
+            find(c.events(), |e| matches!(e, Event::Renewed(x, _) if *x == r)).is_some(),
             "rank {r} heard no heartbeat"
         );
     }
@@ -615,8 +611,7 @@ fn d_killed(_hosts: &TwoHosts, c: &mut ProcessCluster) {
     let last_hb = c
         .events()
         .iter()
-        .filter(|s| matches!(s.event, Event::Renewed(..)))
-        .last()
+        .rfind(|s| matches!(s.event, Event::Renewed(..)))
         .map(|s| s.at);
     timeline("D worker killed", c, t0, last_hb, &[]);
     say(&format!(
