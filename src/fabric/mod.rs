@@ -27,12 +27,14 @@
 
 use core::fmt;
 
+pub use advert::{AdvertError, LeaseAdvert, PeerRecord, SlotRegion};
 pub use landing::LandingWords;
 
 use crate::slots::LeaseSlots;
 use crate::time::Instant;
 use std::sync::Arc;
 
+pub mod advert;
 mod landing;
 pub mod loopback;
 #[cfg(all(feature = "nixl", not(loom)))]
@@ -144,6 +146,8 @@ pub enum FabricError {
     Cancelled,
     /// The underlying runtime reported an error (its status code).
     Backend(i32),
+    /// This fabric does not offer the operation (see its docs).
+    Unsupported,
 }
 
 impl fmt::Display for FabricError {
@@ -160,6 +164,7 @@ impl fmt::Display for FabricError {
             FabricError::MessageTooLarge => "notification too large",
             FabricError::Full => "fabric queue or table full",
             FabricError::Cancelled => "transfer cancelled",
+            FabricError::Unsupported => "operation not supported by this fabric",
             FabricError::Backend(code) => return write!(f, "fabric backend error {code}"),
         };
         f.write_str(s)
@@ -224,6 +229,32 @@ pub trait Fabric {
 
     /// Where the handshake with `agent` stands; drives its progress.
     fn handshake_state(&mut self, agent: AgentId, now: Instant) -> HandshakeState;
+
+    /// This worker's lease advert: the slot region registered with
+    /// [`Fabric::register_slots`] (if any) in this fabric's terms, for an
+    /// engine that carries it in its own handshake
+    /// ([`LeaseAdvert::encode`]). The default advertises nothing.
+    fn lease_advert(&self) -> LeaseAdvert {
+        LeaseAdvert {
+            slots: None,
+            compact_heartbeats: false,
+        }
+    }
+
+    /// Registers a remote agent from what the engine's own handshake
+    /// delivered (its name, its NIXL metadata, its [`LeaseAdvert`], perhaps a
+    /// clock sample) instead of running this fabric's handshake. On success
+    /// the agent is connected at once: [`Fabric::handshake_state`] reports
+    /// `Ready` with what the record said, and [`Fabric::start_handshake`]
+    /// with the agent's name returns the same id (so a heartbeat sender whose
+    /// peer address is the agent name finds it). Registering the same name
+    /// again replaces the old incarnation (a restarted peer). Called at
+    /// handshake time; may allocate. The default is
+    /// [`FabricError::Unsupported`].
+    fn add_peer(&mut self, peer: &PeerRecord<'_>, now: Instant) -> Result<AgentId, FabricError> {
+        let _ = (peer, now);
+        Err(FabricError::Unsupported)
+    }
 
     /// Sends one notification to a connected agent.
     fn send_notification(&mut self, to: AgentId, msg: &[u8]) -> Result<(), FabricError>;

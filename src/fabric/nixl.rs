@@ -226,11 +226,12 @@ use nixl_sys::{
 };
 
 use super::{
-    AgentId, ClockSample, Fabric, FabricError, HandshakeState, LandingWords, PeerInfo, ReadDesc,
+    AgentId, ClockSample, Fabric, FabricError, HandshakeState, LandingWords, LeaseAdvert,
+    PeerInfo, PeerRecord, ReadDesc, SlotRegion,
     RegionId, XferId, XferState,
 };
 use crate::slots::LeaseSlots;
-use crate::sync::{AtomicU32, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use crate::time::{Instant, MonotonicClock};
 
 /// NIXL C API status: invalid parameter (`NIXL_CAPI_ERROR_INVALID_PARAM`).
@@ -324,6 +325,12 @@ pub struct NixlConfig {
     /// Most prepared transfer requests kept for re-posting (raised to at
     /// least `max_inflight_reads`). Default 1024.
     pub max_cached_requests: usize,
+    /// Run kvlease's handshake side channel (a listener on
+    /// [`NixlConfig::listen_addr`]). Default `true`. An engine that
+    /// exchanges metadata itself and registers peers with
+    /// [`Fabric::add_peer`] turns it off; [`NixlFabric::listen_addr`] is then
+    /// the unspecified address.
+    pub side_channel: bool,
 }
 
 impl NixlConfig {
@@ -341,6 +348,7 @@ impl NixlConfig {
             max_agents: 64,
             max_inflight_reads: 256,
             max_cached_requests: 1024,
+            side_channel: true,
         }
     }
 }
@@ -387,6 +395,28 @@ impl std::error::Error for NixlInitError {}
 /// not fail with [`NixlInitError::RuntimeNotFound`].
 pub fn runtime_available() -> bool {
     !nixl_sys::is_stub()
+}
+
+/// NIXL agents this process's fabrics created ([`NixlFabric::new`]; never
+/// [`NixlFabric::with_agent`], which uses the engine's).
+static AGENTS_CREATED: AtomicU64 = AtomicU64::new(0);
+
+/// How many NIXL agents kvlease has created in this process: an engine that
+/// embeds kvlease with [`NixlFabric::with_agent`] can check that it is 0,
+/// i.e. that its own agent is the only one.
+pub fn agents_created() -> u64 {
+    AGENTS_CREATED.load(Ordering::Relaxed)
+}
+
+/// The capacity settings every constructor checks.
+fn check_config(config: &NixlConfig) -> Result<(), NixlInitError> {
+    if config.max_agents == 0 || config.max_agents > u32::MAX as usize {
+        return Err(NixlInitError::BadConfig("max_agents"));
+    }
+    if config.max_inflight_reads == 0 || config.max_inflight_reads > u32::MAX as usize {
+        return Err(NixlInitError::BadConfig("max_inflight_reads"));
+    }
+    Ok(())
 }
 
 /// Counters since construction.
@@ -483,7 +513,7 @@ struct Reply {
     compact: bool,
     regions: Vec<(u64, u64)>,
     md: Vec<u8>,
-    clock: ClockSample,
+    clock: Option<ClockSample>,
 }
 
 enum PeerState {
@@ -500,6 +530,9 @@ enum PeerState {
 
 struct Peer {
     address: String,
+    /// Registered from the engine's handshake ([`Fabric::add_peer`]): only
+    /// a new `add_peer` revives it, `start_handshake` never dials it.
+    registered: bool,
     state: PeerState,
     /// The NIXL name whose metadata is loaded for this peer, if any.
     name: Option<String>,
@@ -567,7 +600,9 @@ pub struct NixlFabric {
     opt_notif: OptArgs,
     peers: Vec<Peer>,
     advert: Arc<Mutex<Arc<Vec<u8>>>>,
-    listener: Listener,
+    listener: Option<Listener>,
+    /// The engine owns the agent and drains it ([`NixlFabric::with_agent`]).
+    engine_drains: bool,
     agent: Agent,
     name: String,
     config: NixlConfig,
@@ -580,7 +615,8 @@ impl fmt::Debug for NixlFabric {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NixlFabric")
             .field("name", &self.name)
-            .field("listen_addr", &self.listener.addr)
+            .field("listen_addr", &self.listen_addr())
+            .field("engine_drains", &self.engine_drains)
             .field("regions", &self.regions.len())
             .field("peers", &self.peers.len())
             .field("stats", &self.stats)
@@ -597,12 +633,7 @@ impl NixlFabric {
         if name.is_empty() || name.len() > MAX_NAME_LEN || name.contains('\0') {
             return Err(NixlInitError::BadName);
         }
-        if config.max_agents == 0 || config.max_agents > u32::MAX as usize {
-            return Err(NixlInitError::BadConfig("max_agents"));
-        }
-        if config.max_inflight_reads == 0 || config.max_inflight_reads > u32::MAX as usize {
-            return Err(NixlInitError::BadConfig("max_inflight_reads"));
-        }
+        check_config(&config)?;
         if let ProgressMode::Thread { delay_us: 0 } = config.progress {
             return Err(NixlInitError::BadConfig(
                 "progress thread delay must be > 0 (0 busy-spins)",
@@ -627,6 +658,7 @@ impl NixlFabric {
         };
         let agent = Agent::new_configured(&name, &agent_config)
             .map_err(|e| NixlInitError::Agent(status_of(&e)))?;
+        AGENTS_CREATED.fetch_add(1, Ordering::Relaxed);
         let (_mems, defaults) = agent
             .get_plugin_params("UCX")
             .map_err(|e| NixlInitError::Backend(status_of(&e)))?;
@@ -644,7 +676,51 @@ impl NixlFabric {
         let _backend = agent
             .create_backend("UCX", &params)
             .map_err(|e| NixlInitError::Backend(status_of(&e)))?;
+        NixlFabric::build(agent, name, config, false)
+    }
 
+    /// A fabric over an agent the engine already owns: kvlease creates no
+    /// agent and no backend, registers its lease slots and landing words on
+    /// this one, and posts its notifications and slot READs on it, beside
+    /// the engine's own KV READs. The agent must already have its backend
+    /// (UCX); its name is the fabric's name (`config.agent_name` is
+    /// ignored), and its progress and error-handling settings are the
+    /// engine's (`config.progress` and `config.error_handling` are ignored).
+    ///
+    /// **The engine drains.** [`Fabric::drain_notifications`] makes no NIXL
+    /// call and returns 0: the engine drains its agent once per step, as it
+    /// already does, and hands kvlease's notifications to the roles
+    /// ([`PrefillRank::on_notification`](crate::PrefillRank::on_notification)
+    /// on P; anything it refuses is the engine's). The engine's drain is
+    /// also what progresses the agent in the engine-loop mode, so it must
+    /// still happen every step.
+    ///
+    /// Peers come from the engine's handshake ([`Fabric::add_peer`]), with
+    /// [`Fabric::lease_advert`] carried in it; the side channel runs only if
+    /// `config.side_channel` is left on.
+    ///
+    /// `Agent` is not `Send`: build and use the fabric on the thread that
+    /// owns the agent. Fails with [`NixlInitError::RuntimeNotFound`] when
+    /// `libnixl_capi.so` cannot be loaded.
+    pub fn with_agent(agent: &Agent, config: NixlConfig) -> Result<NixlFabric, NixlInitError> {
+        check_config(&config)?;
+        if !runtime_available() {
+            return Err(NixlInitError::RuntimeNotFound);
+        }
+        let name = agent.name();
+        if name.is_empty() || name.len() > MAX_NAME_LEN || name.contains('\0') {
+            return Err(NixlInitError::BadName);
+        }
+        NixlFabric::build(agent.clone(), name, config, true)
+    }
+
+    /// The rest of construction, over `agent` (created by us or the engine).
+    fn build(
+        agent: Agent,
+        name: String,
+        config: NixlConfig,
+        engine_drains: bool,
+    ) -> Result<NixlFabric, NixlInitError> {
         let helper = |e: NixlError| NixlInitError::Backend(status_of(&e));
         let notif_map = NotificationMap::new().map_err(helper)?;
         let mut opt_plain = OptArgs::new().map_err(helper)?;
@@ -653,7 +729,15 @@ impl NixlFabric {
         opt_notif.set_has_notification(true).map_err(helper)?;
 
         let advert = Arc::new(Mutex::new(Arc::new(Vec::new())));
-        let listener = start_listener(config.listen_addr, advert.clone(), config.clock)?;
+        let listener = if config.side_channel {
+            Some(start_listener(
+                config.listen_addr,
+                advert.clone(),
+                config.clock,
+            )?)
+        } else {
+            None
+        };
 
         let inflight = config.max_inflight_reads;
         let cache_cap = config.max_cached_requests.max(inflight);
@@ -673,6 +757,7 @@ impl NixlFabric {
             peers: Vec::with_capacity(config.max_agents),
             advert,
             listener,
+            engine_drains,
             agent,
             name,
             config,
@@ -689,7 +774,15 @@ impl NixlFabric {
     /// The handshake listener's address: what peers pass to
     /// [`Fabric::start_handshake`] (as `ip:port`).
     pub fn listen_addr(&self) -> SocketAddr {
-        self.listener.addr
+        self.listener
+            .as_ref()
+            .map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |l| l.addr)
+    }
+
+    /// Whether this fabric runs on an agent the engine owns and drains
+    /// ([`NixlFabric::with_agent`]).
+    pub fn engine_drains(&self) -> bool {
+        self.engine_drains
     }
 
     /// Counters since construction.
@@ -804,7 +897,7 @@ impl NixlFabric {
                         slot_region: reply.slot_region.map(RegionId),
                         slot_count: reply.slot_count,
                         compact_heartbeats: reply.compact,
-                        clock: Some(reply.clock),
+                        clock: reply.clock,
                     },
                     regions: reply.regions,
                 }
@@ -1055,6 +1148,7 @@ impl Fabric for NixlFabric {
         }
         let existing = self.peers.iter().position(|p| p.address == address);
         let i = match existing {
+            Some(i) if self.peers[i].registered => return Ok(AgentId(i as u32)),
             Some(i) if !matches!(self.peers[i].state, PeerState::Failed(_)) => {
                 return Ok(AgentId(i as u32));
             }
@@ -1080,6 +1174,7 @@ impl Fabric for NixlFabric {
         if i == self.peers.len() {
             self.peers.push(Peer {
                 address: address.to_owned(),
+                registered: false,
                 state,
                 name: None,
             });
@@ -1087,6 +1182,68 @@ impl Fabric for NixlFabric {
             self.peers[i].state = state;
         }
         Ok(AgentId(i as u32))
+    }
+
+    fn lease_advert(&self) -> LeaseAdvert {
+        let slots = self.slot_advert.and_then(|(region, count, _)| {
+            let r = self.regions.get(region.0 as usize)?;
+            Some(SlotRegion {
+                addr: r.addr as u64,
+                len: r.len as u64,
+                count,
+            })
+        });
+        LeaseAdvert {
+            slots,
+            compact_heartbeats: self.slot_advert.is_some_and(|(_, _, c)| c),
+        }
+    }
+
+    fn add_peer(&mut self, record: &PeerRecord<'_>, _now: Instant) -> Result<AgentId, FabricError> {
+        let name = record.agent_name;
+        if name.is_empty() || name.len() > MAX_NAME_LEN || name.contains('\0') {
+            return Err(FabricError::BadAddress);
+        }
+        // Keyed by the agent's name, so that a sender whose peer address is
+        // that name finds it through `start_handshake`.
+        let i = match self.peers.iter().position(|p| p.address == name) {
+            Some(i) => i,
+            None if self.peers.len() >= self.config.max_agents => return Err(FabricError::Full),
+            None => {
+                self.peers.push(Peer {
+                    address: name.to_owned(),
+                    registered: true,
+                    state: PeerState::Failed(FabricError::NotConnected),
+                    name: None,
+                });
+                self.peers.len() - 1
+            }
+        };
+        self.peers[i].registered = true;
+        let advert = record.advert.unwrap_or(LeaseAdvert {
+            slots: None,
+            compact_heartbeats: false,
+        });
+        // The remote's slot region is its region 0 here: a registered peer
+        // exports nothing else to kvlease (the engine READs its KV itself).
+        let (slot_region, slot_count, regions) = match advert.slots {
+            Some(s) => (Some(0), s.count, vec![(s.addr, s.len)]),
+            None => (None, 0, Vec::new()),
+        };
+        let reply = Reply {
+            name: name.to_owned(),
+            slot_region,
+            slot_count,
+            compact: advert.compact_heartbeats,
+            regions,
+            md: record.metadata.to_vec(),
+            clock: record.clock,
+        };
+        match self.complete_handshake(i, reply) {
+            HandshakeState::Ready(_) => Ok(AgentId(i as u32)),
+            HandshakeState::Failed(e) => Err(e),
+            HandshakeState::Pending => Err(FabricError::NotConnected),
+        }
     }
 
     fn handshake_state(&mut self, agent: AgentId, now: Instant) -> HandshakeState {
@@ -1145,6 +1302,11 @@ impl Fabric for NixlFabric {
         &mut self,
         sink: &mut dyn FnMut(&str, &[u8]),
     ) -> Result<usize, FabricError> {
+        if self.engine_drains {
+            // The engine drains its own agent and routes kvlease's messages
+            // to the roles; draining here would take the engine's.
+            return Ok(0);
+        }
         self.agent
             .get_notifications(&mut self.notif_map, None)
             .map_err(backend)?;
@@ -1315,9 +1477,12 @@ impl Fabric for NixlFabric {
 
 impl Drop for NixlFabric {
     fn drop(&mut self) {
-        self.listener.stop.store(1, Ordering::SeqCst);
+        let Some(listener) = self.listener.as_mut() else {
+            return;
+        };
+        listener.stop.store(1, Ordering::SeqCst);
         // Wake the accept() with a connection of our own.
-        let mut wake = self.listener.addr;
+        let mut wake = listener.addr;
         if wake.ip().is_unspecified() {
             wake.set_ip(match wake {
                 SocketAddr::V4(_) => [127, 0, 0, 1].into(),
@@ -1325,7 +1490,7 @@ impl Drop for NixlFabric {
             });
         }
         let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
-        if let Some(t) = self.listener.thread.take() {
+        if let Some(t) = listener.thread.take() {
             let _ = t.join();
         }
     }
@@ -1537,7 +1702,7 @@ fn parse_body(body: &[u8], clock: ClockSample) -> Result<Reply, FabricError> {
         compact,
         regions,
         md,
-        clock,
+        clock: Some(clock),
     })
 }
 

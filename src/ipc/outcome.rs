@@ -26,7 +26,7 @@
 //! FabricError codes: 1 unknown agent, 2 not connected, 3 bad address,
 //! 4 peer unreachable, 5 timed out, 6 out of bounds, 7 unknown region,
 //! 8 unknown transfer, 9 message too large, 10 full, 11 cancelled,
-//! 12 backend. The numbers are on the wire: never reuse one.
+//! 12 backend, 13 unsupported. The numbers are on the wire: never reuse one.
 //!
 //! # Section B: owed engines (8 bytes each)
 //!
@@ -103,6 +103,7 @@ fn verdict_code(v: Verdict) -> (u8, u8, i32) {
                 FabricError::Full => (10, 0),
                 FabricError::Cancelled => (11, 0),
                 FabricError::Backend(status) => (12, status),
+                FabricError::Unsupported => (13, 0),
             };
             (5, code, backend)
         }
@@ -136,6 +137,7 @@ fn verdict_from(r: &Record) -> Result<Verdict, &'static str> {
                 10 => FabricError::Full,
                 11 => FabricError::Cancelled,
                 12 => FabricError::Backend(r.backend),
+                13 => FabricError::Unsupported,
                 _ => return Err("unknown fabric error code"),
             };
             if r.error != 12 && r.backend != 0 {
@@ -424,7 +426,7 @@ mod tests {
         let rec = |i: usize, field: usize| 32 + i * 16 + field;
         let cases: [(usize, &[u8], u32, &str); 8] = [
             (rec(0, 6), &[0], 0, "unknown verdict"),
-            (rec(1, 7), &[13], 1, "unknown fabric error code"),
+            (rec(1, 7), &[14], 1, "unknown fabric error code"),
             (
                 rec(0, 7),
                 &[4],

@@ -197,6 +197,7 @@ fn encode_error(e: FabricError) -> u64 {
         FabricError::Full => (9, 0),
         FabricError::Cancelled => (10, 0),
         FabricError::Backend(code) => (11, code),
+        FabricError::Unsupported => (12, 0),
     };
     u64::from(code as u32) << 32 | tag
 }
@@ -214,6 +215,7 @@ fn decode_error(word: u64) -> FabricError {
         8 => FabricError::MessageTooLarge,
         9 => FabricError::Full,
         10 => FabricError::Cancelled,
+        12 => FabricError::Unsupported,
         _ => FabricError::Backend((word >> 32) as u32 as i32),
     }
 }

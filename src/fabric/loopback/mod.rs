@@ -92,7 +92,8 @@ use self::memory::{copy_into, Region, RegionTable};
 use self::queue::{Envelope, QueueError, QueueProducer};
 use self::reads::{ReadPlan, ReadTable};
 use crate::fabric::{
-    AgentId, ClockSample, Fabric, FabricError, HandshakeState, LandingWords, PeerInfo, ReadDesc,
+    AgentId, ClockSample, Fabric, FabricError, HandshakeState, LandingWords, LeaseAdvert,
+    PeerInfo, PeerRecord, ReadDesc, SlotRegion,
     RegionId, XferId, XferState,
 };
 use crate::slots::LeaseSlots;
@@ -888,6 +889,61 @@ impl Fabric for LoopbackFabric {
                 polls: 0,
             };
         }
+        Ok(AgentId(node))
+    }
+
+    fn lease_advert(&self) -> LeaseAdvert {
+        let word = self
+            .record()
+            .map_or(0, |r| r.advert.load(Ordering::Acquire));
+        let (region, count, compact) = unpack_advert(word);
+        LeaseAdvert {
+            // On loopback a region's handle is its index.
+            slots: region.map(|r| SlotRegion {
+                addr: u64::from(r.0),
+                len: u64::from(count) * 8,
+                count,
+            }),
+            compact_heartbeats: compact,
+        }
+    }
+
+    fn add_peer(&mut self, record: &PeerRecord<'_>, now: Instant) -> Result<AgentId, FabricError> {
+        self.sync_life();
+        self.net.observe(now);
+        let node = self
+            .net
+            .lookup(record.agent_name)
+            .ok_or(FabricError::BadAddress)?;
+        let remote = self.net.record(node).ok_or(FabricError::BadAddress)?;
+        let (slot_region, slot_count) = match record.advert.and_then(|a| a.slots) {
+            Some(s) => {
+                // The advert must name the remote's slot array, as its own
+                // registration published it.
+                let id = u32::try_from(s.addr).map_err(|_| FabricError::UnknownRegion)?;
+                match remote.regions.get(RegionId(id)) {
+                    Some(Region::Slots(slots)) if slots.len() == s.count => {
+                        (Some(RegionId(id)), s.count)
+                    }
+                    _ => return Err(FabricError::UnknownRegion),
+                }
+            }
+            None => (None, 0),
+        };
+        let incarnation = self.net.incarnation(node);
+        let peer = self
+            .peers
+            .get_mut(node as usize)
+            .ok_or(FabricError::BadAddress)?;
+        peer.handshake = Handshake::Ready {
+            info: PeerInfo {
+                slot_region,
+                slot_count,
+                compact_heartbeats: record.advert.is_some_and(|a| a.compact_heartbeats),
+                clock: record.clock,
+            },
+            incarnation,
+        };
         Ok(AgentId(node))
     }
 
