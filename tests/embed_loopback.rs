@@ -11,13 +11,12 @@ use std::time::Duration;
 
 use kvlease::fabric::loopback::{LoopbackConfig, LoopbackFabric, LoopbackNetwork};
 use kvlease::fabric::{
-    Fabric, FabricError, LeaseAdvert, PeerRecord, ReadDesc, RegionId, SlotRegion, XferId,
-    XferState,
+    Fabric, FabricError, LeaseAdvert, PeerRecord, ReadDesc, RegionId, SlotRegion, XferId, XferState,
 };
 use kvlease::{Instant, LeaseFields};
 
 use embed::{
-    Deployment, DWorker, EngineAgent, EngineHello, LoadState, PEvent, PWorker, RemoteKv, KV_LEN,
+    DWorker, Deployment, EngineAgent, EngineHello, LoadState, PEvent, PWorker, RemoteKv, KV_LEN,
 };
 
 /// The engine's side over a loopback agent.
@@ -207,10 +206,7 @@ fn add_peer_checks_the_advert_against_the_remote() {
         Err(FabricError::BadAddress)
     );
     let wrong = LeaseAdvert {
-        slots: Some(SlotRegion {
-            addr: 7,
-            ..s
-        }),
+        slots: Some(SlotRegion { addr: 7, ..s }),
         ..advert
     };
     assert_eq!(
@@ -219,7 +215,9 @@ fn add_peer_checks_the_advert_against_the_remote() {
     );
     // The right one connects at once, and the sender's address (the name)
     // finds it.
-    let id = d.add_peer(&record("p", Some(advert)), now).expect("add_peer");
+    let id = d
+        .add_peer(&record("p", Some(advert)), now)
+        .expect("add_peer");
     match d.handshake_state(id, now) {
         kvlease::fabric::HandshakeState::Ready(info) => {
             assert_eq!(info.slot_count, 8);

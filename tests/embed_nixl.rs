@@ -39,7 +39,7 @@ use nixl_sys::{
 };
 
 use embed::{
-    Deployment, DWorker, EngineAgent, EngineHello, LoadState, PEvent, PWorker, RemoteKv, KV_LEN,
+    DWorker, Deployment, EngineAgent, EngineHello, LoadState, PEvent, PWorker, RemoteKv, KV_LEN,
 };
 use nixl_gate::{nixl_or_skip, say};
 
@@ -380,11 +380,11 @@ impl Deployment for NixlDeployment {
             match w.as_slice() {
                 ["ev", rest @ ..] => events.push(parse_event(rest).expect("P's event")),
                 ["granted", slot, nonce] => {
-                    self.granted = LeaseFields::from_params(
-                        slot.parse().ok(),
-                        nonce.parse::<u64>().ok(),
-                    );
-                    assert!(self.granted.is_some_and(|l| Nonce::new(l.nonce.get()).is_some()));
+                    self.granted =
+                        LeaseFields::from_params(slot.parse().ok(), nonce.parse::<u64>().ok());
+                    assert!(self
+                        .granted
+                        .is_some_and(|l| Nonce::new(l.nonce.get()).is_some()));
                 }
                 _ => panic!("P said {line:?}"),
             }

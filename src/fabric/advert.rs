@@ -104,7 +104,10 @@ impl fmt::Display for AdvertError {
             AdvertError::BadLength => write!(f, "lease advert is not {ADVERT_LEN} bytes"),
             AdvertError::BadMagic => f.write_str("not a lease advert (bad magic)"),
             AdvertError::UnsupportedVersion(v) => {
-                write!(f, "lease advert version {v} (this build reads {ADVERT_VERSION})")
+                write!(
+                    f,
+                    "lease advert version {v} (this build reads {ADVERT_VERSION})"
+                )
             }
             AdvertError::NonCanonical => f.write_str("lease advert has reserved bits set"),
             AdvertError::BadSlotRegion => f.write_str("lease advert's slot region is inconsistent"),

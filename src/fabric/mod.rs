@@ -27,7 +27,7 @@
 
 use core::fmt;
 
-pub use advert::{AdvertError, LeaseAdvert, PeerRecord, SlotRegion};
+pub use advert::{AdvertError, LeaseAdvert, PeerRecord, SlotRegion, ADVERT_LEN};
 pub use landing::LandingWords;
 
 use crate::slots::LeaseSlots;

@@ -226,12 +226,15 @@ use nixl_sys::{
 };
 
 use super::{
-    AgentId, ClockSample, Fabric, FabricError, HandshakeState, LandingWords, LeaseAdvert,
-    PeerInfo, PeerRecord, ReadDesc, SlotRegion,
-    RegionId, XferId, XferState,
+    AgentId, ClockSample, Fabric, FabricError, HandshakeState, LandingWords, LeaseAdvert, PeerInfo,
+    PeerRecord, ReadDesc, RegionId, SlotRegion, XferId, XferState,
 };
 use crate::slots::LeaseSlots;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
+
+/// The `nixl-sys` this fabric is built on: an engine that embeds kvlease
+/// ([`NixlFabric::with_agent`]) makes its `Agent` with this very crate.
+pub use nixl_sys;
 use crate::time::{Instant, MonotonicClock};
 
 /// NIXL C API status: invalid parameter (`NIXL_CAPI_ERROR_INVALID_PARAM`).

@@ -286,8 +286,8 @@ impl<E: EngineAgent> DWorker<E> {
         let config = lease_config();
         engine.register_kv(&mut fabric, 0);
         let address: NameAddress = Box::new(move |_key, _rank, out| out.write_str(&p_name));
-        let mut sender =
-            HeartbeatSender::new(fabric, address, SenderConfig::new(&config, 1, 0)).expect("sender");
+        let mut sender = HeartbeatSender::new(fabric, address, SenderConfig::new(&config, 1, 0))
+            .expect("sender");
         let verifier = LeaseVerifier::new(sender.fabric_mut(), 16, 4).expect("verifier");
         let mut tracker = HeartbeatTracker::new(&config);
         tracker.set_workers(1);
@@ -318,7 +318,11 @@ impl<E: EngineAgent> DWorker<E> {
             advert: Some(advert),
             clock: None,
         };
-        let id = self.sender.fabric_mut().add_peer(&record, now).expect("add_peer");
+        let id = self
+            .sender
+            .fabric_mut()
+            .add_peer(&record, now)
+            .expect("add_peer");
         self.p = Some((id, hello));
         id
     }
@@ -379,7 +383,8 @@ impl<E: EngineAgent> DWorker<E> {
     pub fn step(&mut self, now: Instant) {
         self.sender.step(&mut self.tracker, now);
         match self.load {
-            LoadState::Reading => match self.engine.block_read_state(self.sender.fabric_mut(), now) {
+            LoadState::Reading => match self.engine.block_read_state(self.sender.fabric_mut(), now)
+            {
                 None => {}
                 Some(false) => self.load = LoadState::Done(Verdict::Unverifiable),
                 Some(true) if !self.verify => self.load = LoadState::Read,

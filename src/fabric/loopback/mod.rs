@@ -92,9 +92,8 @@ use self::memory::{copy_into, Region, RegionTable};
 use self::queue::{Envelope, QueueError, QueueProducer};
 use self::reads::{ReadPlan, ReadTable};
 use crate::fabric::{
-    AgentId, ClockSample, Fabric, FabricError, HandshakeState, LandingWords, LeaseAdvert,
-    PeerInfo, PeerRecord, ReadDesc, SlotRegion,
-    RegionId, XferId, XferState,
+    AgentId, ClockSample, Fabric, FabricError, HandshakeState, LandingWords, LeaseAdvert, PeerInfo,
+    PeerRecord, ReadDesc, RegionId, SlotRegion, XferId, XferState,
 };
 use crate::slots::LeaseSlots;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
