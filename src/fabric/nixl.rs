@@ -10,7 +10,11 @@
 //!
 //! This module owns one NIXL agent per fabric, its UCX backend, the memory it
 //! registers, the handshake side channel and the prepared READ requests. It
-//! holds no lease logic.
+//! holds no lease logic. An engine that already has an agent builds the
+//! fabric over it instead ([`NixlFabric::with_agent`]): then the agent, its
+//! backend and its drain are the engine's, peers come from the engine's own
+//! handshake ([`Fabric::add_peer`] with a [`LeaseAdvert`]), and the side
+//! channel below is optional ([`NixlConfig::side_channel`]).
 //!
 //! # Handshake: our own side channel
 //!
