@@ -121,6 +121,7 @@ pub use time::{Instant, MonotonicClock};
 pub mod nonce;
 mod prefetch;
 pub mod producer;
+mod rng;
 pub mod slot_pool;
 pub mod slots;
 #[cfg(any(test, feature = "testkit"))]

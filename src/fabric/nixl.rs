@@ -236,10 +236,10 @@ use super::{
 use crate::slots::LeaseSlots;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
+use crate::time::{Instant, MonotonicClock};
 /// The `nixl-sys` this fabric is built on: an engine that embeds kvlease
 /// ([`NixlFabric::with_agent`]) makes its `Agent` with this very crate.
 pub use nixl_sys;
-use crate::time::{Instant, MonotonicClock};
 
 /// NIXL C API status: invalid parameter (`NIXL_CAPI_ERROR_INVALID_PARAM`).
 pub const STATUS_INVALID_PARAM: i32 = -1;

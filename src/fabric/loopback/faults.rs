@@ -28,6 +28,7 @@
 use core::time::Duration;
 
 use crate::fabric::FabricError;
+use crate::rng::SplitMix64;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use crate::time::duration_nanos;
 
@@ -123,40 +124,12 @@ pub(crate) struct ReadFate {
 const KIND_NOTIFICATION: u64 = 1;
 const KIND_READ: u64 = 2;
 
-/// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, good enough to pick
-/// faults. Not for anything adversarial.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub(crate) fn new(seed: u64) -> SplitMix64 {
-        SplitMix64(seed)
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix64(self.0)
-    }
-
-    /// Folds `v` into the state: a keyed stream for (seed, v1, v2, ...).
-    fn absorb(mut self, v: u64) -> SplitMix64 {
-        self.0 = mix64(self.0 ^ mix64(v.wrapping_add(0xD1B5_4A32_D192_ED03)));
-        self
-    }
-
-    fn stream(seed: u64, kind: u64, from: u32, to: u32, seq: u64) -> SplitMix64 {
-        SplitMix64::new(seed)
-            .absorb(kind)
-            .absorb(u64::from(from) << 32 | u64::from(to))
-            .absorb(seq)
-    }
-}
-
-/// SplitMix64's finaliser.
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// A keyed fault stream: independent per (seed, kind, link, sequence).
+fn stream(seed: u64, kind: u64, from: u32, to: u32, seq: u64) -> SplitMix64 {
+    SplitMix64::new(seed)
+        .absorb(kind)
+        .absorb(u64::from(from) << 32 | u64::from(to))
+        .absorb(seq)
 }
 
 /// A probability as a threshold on a uniform u64 draw; `u64::MAX` = always.
@@ -334,7 +307,7 @@ impl LinkCell {
             // number, so skipping them shifts no other message's fate.
             return NotificationFate::Deliver;
         }
-        let mut rng = SplitMix64::stream(seed, KIND_NOTIFICATION, from, to, seq);
+        let mut rng = stream(seed, KIND_NOTIFICATION, from, to, seq);
         // Always three draws, see the module docs.
         let (d_drop, d_delay, d_reorder) = (rng.next_u64(), rng.next_u64(), rng.next_u64());
         if hit(drop_t, d_drop) {
@@ -359,7 +332,7 @@ impl LinkCell {
         let (d_delay, d_fail) = if delay_t | fail_t == 0 {
             (u64::MAX, u64::MAX) // no fault can hit: skip the hash
         } else {
-            let mut rng = SplitMix64::stream(seed, KIND_READ, from, to, seq);
+            let mut rng = stream(seed, KIND_READ, from, to, seq);
             (rng.next_u64(), rng.next_u64())
         };
         let extra_ns = if hit(delay_t, d_delay) {

@@ -1,0 +1,276 @@
+//! Encoding: heartbeats (split to the fabric's limit), compact heartbeats
+//! and read-dones, into caller buffers (see the formats in the module docs
+//! of [`crate::wire`]).
+
+use super::hex::*;
+use super::*;
+
+// ---------------------------------------------------------------------------
+// Encoding
+// ---------------------------------------------------------------------------
+
+/// What an encoder did.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EncodeStats {
+    /// Messages handed to `emit`.
+    pub messages: u32,
+    /// Entries (ids or records) sent, over all messages.
+    pub entries: u32,
+    /// Entries that could not be encoded and were left out.
+    pub skipped: u32,
+}
+
+/// Whether `id` can travel in a text heartbeat: non-empty and free of `,`.
+/// (Its length is checked against the message limit by
+/// [`encode_heartbeats`].) Trackers can call this when they start tracking a
+/// request, so that a bad id is reported once rather than skipped every step.
+pub fn check_heartbeat_id(id: &str) -> Result<(), WireError> {
+    if id.is_empty() {
+        Err(WireError::EmptyId)
+    } else if has_comma(id.as_bytes()) {
+        Err(WireError::IdContainsComma)
+    } else {
+        Ok(())
+    }
+}
+
+/// Encodes a batch of request ids as text heartbeats (`HB:a,b,...`), split
+/// into as many messages as needed so that none exceeds `max_len` bytes (a
+/// message of exactly `max_len` is fine). Ids are packed greedily in order:
+/// a message is finished when the next id does not fit.
+///
+/// `scratch` must hold at least `max_len` bytes, else
+/// [`WireError::BufferTooSmall`]; a `max_len` under 4 (`HB:` plus a one-byte
+/// id) is [`WireError::MessageTooSmall`]. Both are checked before anything is
+/// emitted. Ids that cannot be encoded (empty, containing `,`, or longer than
+/// `max_len - 3`) are skipped and counted in [`EncodeStats::skipped`]; the
+/// rest still go out. `emit` gets each finished message, valid only during the
+/// call. An empty batch emits nothing.
+pub fn encode_heartbeats<'i, I: IntoIterator<Item = &'i str>>(
+    ids: I,
+    max_len: usize,
+    scratch: &mut [u8],
+    mut emit: impl FnMut(&[u8]),
+) -> Result<EncodeStats, WireError> {
+    let prefix = HEARTBEAT_PREFIX.len();
+    if max_len <= prefix {
+        return Err(WireError::MessageTooSmall);
+    }
+    let buf = scratch
+        .get_mut(..max_len)
+        .ok_or(WireError::BufferTooSmall)?;
+    let mut stats = EncodeStats::default();
+    let mut w = Cursor::new(buf);
+    // Entries in the message under construction.
+    let mut in_msg = 0u32;
+    for id in ids {
+        if check_heartbeat_id(id).is_err() || id.len() > max_len - prefix {
+            stats.skipped = stats.skipped.saturating_add(1);
+            continue;
+        }
+        if in_msg > 0 && w.remaining() < id.len() + 1 {
+            emit(w.written());
+            stats.messages = stats.messages.saturating_add(1);
+            w.clear();
+            in_msg = 0;
+        }
+        // The writes below fit: a fresh message has room for prefix + id
+        // (checked above), a continued one for ',' + id (checked just now).
+        // `put` reports failure instead of panicking; treat it as a skip.
+        let ok = if in_msg == 0 {
+            w.put(HEARTBEAT_PREFIX) && w.put(id.as_bytes())
+        } else {
+            w.put(b",") && w.put(id.as_bytes())
+        };
+        if !ok {
+            stats.skipped = stats.skipped.saturating_add(1);
+            continue;
+        }
+        in_msg += 1;
+        stats.entries = stats.entries.saturating_add(1);
+    }
+    if in_msg > 0 {
+        emit(w.written());
+        stats.messages = stats.messages.saturating_add(1);
+    }
+    Ok(stats)
+}
+
+/// Encodes (slot, nonce) records as compact heartbeats
+/// (`HBC:<24 hex digits>...`), split so that no message exceeds `max_len`
+/// bytes: each message carries up to `(max_len - 4) / 24` records.
+///
+/// `scratch` must hold at least `max_len` bytes, else
+/// [`WireError::BufferTooSmall`]; a `max_len` under 28 (prefix plus one
+/// record) is [`WireError::MessageTooSmall`]. Every [`CompactEntry`] is
+/// encodable (a [`Nonce`] is never 0), so `skipped` is always 0. An empty
+/// batch emits nothing.
+pub fn encode_compact_heartbeats<I: IntoIterator<Item = CompactEntry>>(
+    entries: I,
+    max_len: usize,
+    scratch: &mut [u8],
+    mut emit: impl FnMut(&[u8]),
+) -> Result<EncodeStats, WireError> {
+    let prefix = COMPACT_HEARTBEAT_PREFIX.len();
+    if max_len < prefix + COMPACT_RECORD_LEN {
+        return Err(WireError::MessageTooSmall);
+    }
+    let buf = scratch
+        .get_mut(..max_len)
+        .ok_or(WireError::BufferTooSmall)?;
+    let mut stats = EncodeStats::default();
+    let mut w = Cursor::new(buf);
+    let mut in_msg = 0u32;
+    for e in entries {
+        if in_msg > 0 && w.remaining() < COMPACT_RECORD_LEN {
+            emit(w.written());
+            stats.messages = stats.messages.saturating_add(1);
+            w.clear();
+            in_msg = 0;
+        }
+        let ok = (in_msg > 0 || w.put(COMPACT_HEARTBEAT_PREFIX)) && w.put(&encode_record(e));
+        if !ok {
+            // Unreachable: max_len holds prefix + one record.
+            stats.skipped = stats.skipped.saturating_add(1);
+            continue;
+        }
+        in_msg += 1;
+        stats.entries = stats.entries.saturating_add(1);
+    }
+    if in_msg > 0 {
+        emit(w.written());
+        stats.messages = stats.messages.saturating_add(1);
+    }
+    Ok(stats)
+}
+
+/// The exact length of the read-done [`encode_read_done`] would write; at
+/// most `request_id.len() + MAX_READ_DONE_SUFFIX_LEN`.
+pub fn read_done_len(request_id: &str, consumers: u32, nonce: Option<Nonce>) -> usize {
+    let nonce_len = match nonce {
+        Some(_) => READ_DONE_NONCE_TAG.len() + NONCE_HEX_LEN,
+        None => 0,
+    };
+    request_id
+        .len()
+        .saturating_add(1 + decimal_len(consumers) + nonce_len)
+}
+
+/// Encodes a read-done (`id:consumers`, or `id:consumers:nonce=<hex>` when
+/// `nonce` is given) into `out` and returns the bytes written.
+///
+/// Errors: [`WireError::EmptyId`], [`WireError::ZeroConsumers`],
+/// [`WireError::AmbiguousId`] (the message would start with `HB:`/`HBC:`),
+/// [`WireError::BufferTooSmall`] (`out` shorter than
+/// [`read_done_len`]). Ids may contain `:` and `,`.
+pub fn encode_read_done(
+    request_id: &str,
+    consumers: u32,
+    nonce: Option<Nonce>,
+    out: &mut [u8],
+) -> Result<usize, WireError> {
+    if request_id.is_empty() {
+        return Err(WireError::EmptyId);
+    }
+    if consumers == 0 {
+        return Err(WireError::ZeroConsumers);
+    }
+    let id = request_id.as_bytes();
+    // The message starts with `id:`; it is misrouted exactly when that starts
+    // with one of the heartbeat prefixes.
+    let misrouted = |p: &[u8]| id.starts_with(p) || (id.len() + 1 == p.len() && p.starts_with(id));
+    if misrouted(HEARTBEAT_PREFIX) || misrouted(COMPACT_HEARTBEAT_PREFIX) {
+        return Err(WireError::AmbiguousId);
+    }
+    let len = read_done_len(request_id, consumers, nonce);
+    let buf = out.get_mut(..len).ok_or(WireError::BufferTooSmall)?;
+    let mut w = Cursor::new(buf);
+    let (digits, n) = encode_decimal(consumers);
+    let mut ok = w.put(id) && w.put(b":") && w.put(digits.get(n..).unwrap_or_default());
+    if let Some(nonce) = nonce {
+        ok = ok && w.put(READ_DONE_NONCE_TAG) && w.put(&encode_u64_hex(nonce.get()));
+    }
+    if ok {
+        Ok(w.pos)
+    } else {
+        // Unreachable: `buf` is exactly `read_done_len` bytes.
+        Err(WireError::BufferTooSmall)
+    }
+}
+
+/// A write cursor over a caller buffer that reports overflow instead of
+/// panicking.
+pub(super) struct Cursor<'b> {
+    buf: &'b mut [u8],
+    pos: usize,
+}
+
+impl<'b> Cursor<'b> {
+    fn new(buf: &'b mut [u8]) -> Self {
+        Cursor { buf, pos: 0 }
+    }
+
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) -> bool {
+        // `pos <= buf.len()` and both lengths are at most isize::MAX, so the
+        // sum cannot overflow.
+        match self.buf.get_mut(self.pos..self.pos + bytes.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(bytes);
+                self.pos += bytes.len();
+                true
+            }
+            None => false,
+        }
+    }
+
+    #[inline]
+    fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    #[inline]
+    fn written(&self) -> &[u8] {
+        self.buf.get(..self.pos).unwrap_or_default()
+    }
+
+    #[inline]
+    fn clear(&mut self) {
+        self.pos = 0;
+    }
+}
+
+pub(super) fn decimal_len(mut v: u32) -> usize {
+    let mut n = 1;
+    while v >= 10 {
+        v /= 10;
+        n += 1;
+    }
+    n
+}
+
+/// `v` in decimal, right-aligned in the array; the digits are `[start..]`.
+pub(super) fn encode_decimal(mut v: u32) -> ([u8; 10], usize) {
+    let mut out = [0u8; 10];
+    let mut i = out.len();
+    loop {
+        i -= 1;
+        // `v % 10 < 10`, so the cast is exact.
+        out[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            return (out, i);
+        }
+    }
+}
+
+pub(super) fn encode_record(e: CompactEntry) -> [u8; COMPACT_RECORD_LEN] {
+    let slot = encode_u32_hex(e.slot);
+    let nonce = encode_u64_hex(e.nonce.get());
+    let mut out = [0u8; COMPACT_RECORD_LEN];
+    let (a, b) = out.split_at_mut(SLOT_HEX_LEN);
+    a.copy_from_slice(&slot);
+    b.copy_from_slice(&nonce);
+    out
+}
