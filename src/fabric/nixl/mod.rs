@@ -1,0 +1,510 @@
+//! [`NixlFabric`]: the real [`Fabric`] over NIXL (`nixl-sys`, UCX backend).
+//!
+//! Compiled with the cargo feature `nixl`. `nixl-sys` is built with its
+//! `stub-api` feature: it needs no NIXL headers at build time and `dlopen`s
+//! `libnixl_capi.so` at run time. Without that library every NIXL call would
+//! abort the process, so [`NixlFabric::new`] checks first and returns
+//! [`NixlInitError::RuntimeNotFound`]; [`runtime_available`] asks the same
+//! question without building anything. `.ci/nixl-runtime.sh` provisions the
+//! runtime on a machine with no NIXL install (see `shared/notes/nixl.md`).
+//!
+//! This module owns one NIXL agent per fabric, its UCX backend, the memory it
+//! registers, the handshake side channel and the prepared READ requests. It
+//! holds no lease logic. An engine that already has an agent builds the
+//! fabric over it instead ([`NixlFabric::with_agent`]): then the agent, its
+//! backend and its drain are the engine's, peers come from the engine's own
+//! handshake ([`Fabric::add_peer`] with a [`LeaseAdvert`]), and the side
+//! channel below is optional ([`NixlConfig::side_channel`]).
+//!
+//! # Handshake: our own side channel
+//!
+//! Each fabric listens on a TCP socket of its own ([`NixlConfig::listen_addr`],
+//! `127.0.0.1:0` by default; [`NixlFabric::listen_addr`] tells the port). The
+//! address a peer passes to [`Fabric::start_handshake`] is that socket's
+//! `ip:port` (a `host:port` is resolved on the handshake thread). We use this
+//! instead of NIXL's own listener (`enable_listen_thread` + `fetch_remote_md`)
+//! because the handshake must carry our advertisement next to NIXL's metadata
+//! and take a clock sample, and NIXL's listener can do neither.
+//!
+//! ```text
+//!  D (start_handshake)                          P (listener thread)
+//!  handshake thread: connect ───── "KVLH" v1 ──▶ accept, read 8 bytes
+//!    local_send = clock.now()                     remote = clock.now()
+//!                  ◀── header(remote clock) + body ──
+//!    local_recv = clock.now()       body: agent name, slot region, slot count,
+//!    parse (bounded, no panics)           compact flag, region table, NIXL md
+//!  engine loop (handshake_state): load_remote_md + make_connection ─▶ Ready
+//! ```
+//!
+//! Two kinds of background thread, both inside the fabric and neither ever
+//! touching the NIXL agent (so every NIXL call happens on the engine thread):
+//!
+//! - one **listener thread** per fabric, answering handshakes from a
+//!   pre-encoded body that the engine thread refreshes after every
+//!   registration (each answer takes the clock sample when it is written);
+//! - one short-lived **handshake thread** per [`Fabric::start_handshake`],
+//!   doing the blocking connect/write/read with the handshake timeout and
+//!   handing the parsed answer to the engine loop over a channel.
+//!
+//! [`Fabric::handshake_state`] polls that channel; when the answer is there it
+//! loads the remote metadata and makes the connection (tens of microseconds,
+//! once per handshake) and reports `Ready`. The handshake is one-sided: the
+//! listener does not load the client's metadata (a target needs none to be
+//! READ from or to receive notifications). A side that wants to send to the
+//! other, or READ from it, starts its own handshake. Memory registered after
+//! a handshake is unknown to that peer until it handshakes again: register
+//! the lease slots and the KV regions first.
+//!
+//! The clock sample uses [`NixlConfig::clock`]; pass the engine's own
+//! [`MonotonicClock`] there so that the sample and the engine's `now` agree.
+//!
+//! # Progress mode and UCX error handling
+//!
+//! [`ProgressMode::EngineLoop`] (the default): no NIXL progress thread. Every
+//! NIXL call made by the fabric progresses the UCX worker, so the engine loop
+//! must call [`Fabric::drain_notifications`] every step (a P worker that
+//! never drains receives nothing). It is paired with
+//! `ucx_error_handling_mode = none` ([`UcxErrorHandling::None`]): in `peer`
+//! mode a READ against a peer that is not polling stalls. The price is that
+//! UCX is not asked to watch peers: on shared memory it still notices a dead
+//! one (below); elsewhere the fabric's transfer timeout does
+//! ([`NixlConfig::transfer_timeout`]), and the lease covers the rest.
+//!
+//! [`ProgressMode::Thread`] runs NIXL's progress thread with a non-zero delay
+//! between polls (a zero delay busy-spins and, on two cores, slows everything
+//! down: 8 ms notification round trips in `shared/notes/nixl.md`).
+//!
+//! Measured on this project's machine kind (x86_64, 2 cores, UCX over shared
+//! memory, release build, three runs; `measure_progress_modes` and
+//! `killed_peer_process_fails_reads_with_a_typed_error` in
+//! `tests/nixl_fabric.rs` print them), through this module's API: a round
+//! trip is `send_notification` → peer drains → peer sends → we drain; the
+//! READ is one 512-byte descriptor over a 64-slot lease array, posted and
+//! polled to `Done` (a re-posted, cached request):
+//!
+//! | mode (UCX error handling `none`)      | notification round trip p50 / p99 | 64-slot READ p50 / p99 |
+//! |---------------------------------------|-----------------------------------|------------------------|
+//! | engine loop, one process              | 1.2–1.3 µs / 1.5–5.3 µs           | 1.9 µs / 2.5–3.2 µs    |
+//! | progress thread (1000 µs), one process| 34–56 µs / 70–132 µs              | 1.9–2.5 µs / 2.1–5.7 µs|
+//! | engine loop, two processes            | 3.1–3.2 µs / 7.8–9.8 µs           | —                      |
+//!
+//! (A debug build of kvlease roughly doubles the engine-loop figures.) The
+//! engine-loop mode is the default: it is 30–40 times faster for
+//! notifications, costs no extra core, and the engine loop polls every step
+//! anyway. Over shared memory a READ is one-sided in both modes and costs
+//! the same; over TCP it is not (next section).
+//!
+//! # Across hosts: UCX over TCP
+//!
+//! Between hosts without RDMA, UCX speaks TCP, and there nothing is
+//! one-sided: UCX emulates a READ with messages that the *target's* UCX
+//! worker answers, and a notification leaves the *sender* only as its
+//! worker is progressed. In the engine-loop mode a worker progresses only
+//! inside its own NIXL calls, so over TCP:
+//!
+//! - a READ completes only while the target (P) calls the fabric: a P
+//!   worker that drains every step serves READs at its step rate;
+//! - a notification is delivered only after the sender's next fabric calls:
+//!   D's next drain pushes out the heartbeat it queued this step.
+//!
+//! Both hold for any engine that drains every step, which this module
+//! already requires; a test that drives only one side (the READ's initiator,
+//! the notification's receiver) hangs on TCP while it passes on shared
+//! memory. `tests/two_hosts.rs` runs the whole deployment in two network
+//! namespaces over `UCX_TLS=tcp`; the README's "Across hosts" gives the
+//! settings and the figures. Measured on TCP over loopback
+//! (`measure_progress_modes` with `UCX_TLS=tcp`, release): notification round
+//! trip 18 µs p50, a 64-slot READ 31 µs p50.
+//!
+//! A dead peer over TCP: when its process dies, its kernel resets the
+//! connection and the next READ fails at once (`Backend`), and a
+//! notification to it fails too: NIXL reports that as a backend error, which
+//! fails the peer ([`FabricError::PeerUnreachable`]) so that a sender backs
+//! off and handshakes again (a restarted peer is a new agent) rather than
+//! retrying every step. A partitioned or stopped peer says nothing: READs end
+//! at [`NixlConfig::transfer_timeout`], and the lease covers the rest.
+//!
+//! Over shared memory, a dead peer is detected even with error handling
+//! `none`: after the peer process is killed, the next READ to it fails
+//! with `Backend(-2)` within 0.2–0.4 ms (UCX's `cma` copy reports an I/O
+//! error). Transports that cannot tell fall back to the transfer timeout
+//! (tested with a READ held in flight by error handling `peer` against a
+//! target that does not poll: `Failed(TimedOut)`, request aborted, peer
+//! failed, re-handshake and READ again). A notification to a dead peer is
+//! accepted (`Ok`) and lost there (over TCP it fails the peer, above).
+//!
+//! Notifications to a receiver that does not poll are buffered by UCX: bursts
+//! of 4096 to an idle receiver all arrived once it drained. A flood of 200 000
+//! did not: UCX cancelled most sends (NIXL logs one error line per message)
+//! while `send_notification` still returned `Ok`. Heartbeats are repeated and
+//! a lost read-done is covered by lease expiry, but a receiver must drain
+//! every step.
+//!
+//! The agent uses NIXL's default thread synchronization (none): every NIXL
+//! call of a fabric comes from the one thread that owns it, and NIXL's UCX
+//! backend makes its workers multi-threaded by itself when the progress
+//! thread is on.
+//!
+//! # READs: prepared requests, re-posted
+//!
+//! `create_xfer_req` allocates (descriptor lists, the request, a `CString`),
+//! so each distinct (peer, descriptor set) gets one NIXL transfer request,
+//! created on first use and cached ([`NixlConfig::max_cached_requests`],
+//! least-recently-used idle entries are evicted). A later READ of the same
+//! set re-posts it with `post_xfer_req`; the attached notification, if any, is
+//! passed at post time through a reused `OptArgs`, so one cached request
+//! serves READs with and without notifications. A request that is still in
+//! flight is never re-posted: a second concurrent READ of the same set gets a
+//! second cached request. The lease-slot READs of a verifying decoder (one
+//! 8-byte descriptor per slot) therefore stop allocating after warm-up. A
+//! request whose READ failed, timed out or was cancelled is released (NIXL
+//! aborts it) rather than re-used.
+//!
+//! # Allocation per step
+//!
+//! Rust-side heap allocations (the C++ side allocates as it sees fit; the
+//! counting-allocator test cannot see it):
+//!
+//! | call                                        | allocates?                                              |
+//! |---------------------------------------------|---------------------------------------------------------|
+//! | `post_read`, cached descriptor set          | no (`post_xfer_req`; notification copied by C++)        |
+//! | `post_read`, new descriptor set             | yes: descriptor lists, `CString`, request, cache index  |
+//! | `read_state`, `cancel_read`                 | no (`get_xfer_status`; cancel releases the request, so  |
+//! |                                             | the set's next READ creates one again)                  |
+//! | `drain_notifications`, nothing pending      | no (`get_notifications` + map size)                     |
+//! | `drain_notifications`, `n` messages         | yes: `take_notifs` builds a `HashMap` of `String`s       |
+//! | `send_notification`                         | yes: `nixl-sys` makes a `CString` of the peer name      |
+//! | `handshake_state` while pending             | no (channel `try_recv`)                                 |
+//! | `start_handshake`, handshake completion     | yes (thread, buffers, metadata), once per handshake     |
+//! | registration                                | yes (once, at construction time)                        |
+//!
+//! # Failure model
+//!
+//! Every error a peer can cause is a [`FabricError`]; nothing here panics on
+//! peer input. The handshake answer is parsed with bounds on every length.
+//! `nixl-sys`'s `load_remote_md` unwraps the remote agent's name as UTF-8; it
+//! runs under `catch_unwind` and a panic there is
+//! `Failed(Backend(`[`STATUS_METADATA_REJECTED`]`))`. A READ or a post that
+//! fails, or a READ past the transfer timeout, marks its peer failed:
+//! `handshake_state` then reports `Failed`, sends and READs to it return
+//! `NotConnected`, and `start_handshake` with the same address starts over
+//! under the same [`AgentId`] (a restarted peer has new metadata and new
+//! memory addresses).
+//!
+//! Peers are keyed by the exact address string given to `start_handshake`:
+//! use one address per remote (`127.0.0.1:p` and `localhost:p` would be two
+//! agents sharing one NIXL name, and re-handshaking one drops the other's
+//! metadata).
+//!
+//! The side channel is unauthenticated, like NIXL's own listener: it tells
+//! anyone who connects our NIXL metadata and the addresses of our registered
+//! regions. Bind it ([`NixlConfig::listen_addr`]) to an interface only the
+//! deployment's workers reach. It answers one connection at a time; a client
+//! that stalls holds it for at most the 2 s I/O timeouts.
+//!
+//! `Backend(code)` carries the NIXL C API status where there is one
+//! ([`STATUS_INVALID_PARAM`], [`STATUS_BACKEND`], [`STATUS_NOT_FOUND`]) and a
+//! kvlease code at or below -100 otherwise.
+//!
+//! # Threads
+//!
+//! A `NixlFabric` is not `Send`: `nixl-sys`'s notification map and option
+//! arguments are not, and the UCX workers of the engine-loop mode are
+//! single-threaded. Build it on the thread that runs the engine loop.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use nixl_sys::{
+    Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, NixlError, NotificationMap, OptArgs,
+    RegistrationHandle, ThreadSync, XferDescList, XferOp, XferRequest, XferStatus,
+};
+
+use super::{
+    AgentId, ClockSample, Fabric, FabricError, HandshakeState, LandingWords, LeaseAdvert, PeerInfo,
+    PeerRecord, ReadDesc, RegionId, SlotRegion, XferId, XferState,
+};
+use crate::slots::LeaseSlots;
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
+
+use crate::time::{Instant, MonotonicClock};
+/// The `nixl-sys` this fabric is built on: an engine that embeds kvlease
+/// ([`NixlFabric::with_agent`]) makes its `Agent` with this very crate.
+pub use nixl_sys;
+
+mod config;
+mod fabric_api;
+mod request_cache;
+mod setup;
+mod side_channel;
+#[cfg(test)]
+mod tests;
+
+pub use config::{NixlConfig, NixlInitError, NixlStats, ProgressMode, UcxErrorHandling};
+use request_cache::desc_hash;
+use side_channel::{exchange, start_listener};
+
+/// NIXL C API status: invalid parameter (`NIXL_CAPI_ERROR_INVALID_PARAM`).
+pub const STATUS_INVALID_PARAM: i32 = -1;
+/// NIXL C API status: backend error (`NIXL_CAPI_ERROR_BACKEND`).
+pub const STATUS_BACKEND: i32 = -2;
+/// NIXL C API status: not found, e.g. no metadata loaded for the agent
+/// (`NIXL_CAPI_ERROR_NOT_FOUND`).
+pub const STATUS_NOT_FOUND: i32 = -6;
+/// kvlease: `nixl-sys` refused the remote metadata by panicking (a remote
+/// agent name that is not UTF-8); caught, the handshake failed.
+pub const STATUS_METADATA_REJECTED: i32 = -100;
+/// kvlease: the handshake thread could not be spawned.
+pub const STATUS_SPAWN_FAILED: i32 = -101;
+
+/// Side-channel magic, "KVLH".
+const MAGIC: u32 = 0x4B56_4C48;
+/// Side-channel protocol version.
+const VERSION: u16 = 1;
+/// Request: magic, version, reserved.
+const REQUEST_LEN: usize = 8;
+/// Answer header: magic, version, flags, remote clock, body length.
+const HEADER_LEN: usize = 20;
+/// Largest answer body we accept (NIXL metadata is ~0.5 KiB per backend).
+const MAX_BODY_LEN: usize = 8 << 20;
+/// Largest region table we accept.
+const MAX_REGIONS: usize = 1 << 16;
+/// Longest agent name (ours and a peer's).
+const MAX_NAME_LEN: usize = 255;
+/// Longest handshake address string.
+const MAX_ADDRESS_LEN: usize = 512;
+/// Per-connection I/O timeout of the listener.
+const LISTENER_IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// "No slot region" in the advertisement.
+const NO_REGION: u32 = u32::MAX;
+
+/// True when `libnixl_capi.so` can be loaded, i.e. [`NixlFabric::new`] will
+/// not fail with [`NixlInitError::RuntimeNotFound`].
+pub fn runtime_available() -> bool {
+    !nixl_sys::is_stub()
+}
+
+/// NIXL agents this process's fabrics created ([`NixlFabric::new`]; never
+/// [`NixlFabric::with_agent`], which uses the engine's).
+static AGENTS_CREATED: AtomicU64 = AtomicU64::new(0);
+
+/// How many NIXL agents kvlease has created in this process: an engine that
+/// embeds kvlease with [`NixlFabric::with_agent`] can check that it is 0,
+/// i.e. that its own agent is the only one.
+pub fn agents_created() -> u64 {
+    AGENTS_CREATED.load(Ordering::Relaxed)
+}
+
+/// The capacity settings every constructor checks.
+fn check_config(config: &NixlConfig) -> Result<(), NixlInitError> {
+    if config.max_agents == 0 || config.max_agents > u32::MAX as usize {
+        return Err(NixlInitError::BadConfig("max_agents"));
+    }
+    if config.max_inflight_reads == 0 || config.max_inflight_reads > u32::MAX as usize {
+        return Err(NixlInitError::BadConfig("max_inflight_reads"));
+    }
+    Ok(())
+}
+
+/// Maps a `nixl-sys` error to the C API status it came from.
+fn status_of(e: &NixlError) -> i32 {
+    match e {
+        NixlError::InvalidParam | NixlError::StringConversionError(_) => STATUS_INVALID_PARAM,
+        NixlError::NotFound => STATUS_NOT_FOUND,
+        _ => STATUS_BACKEND,
+    }
+}
+
+fn backend(e: NixlError) -> FabricError {
+    FabricError::Backend(status_of(&e))
+}
+
+/// A DRAM range handed to `nixl-sys` for registration.
+#[derive(Debug)]
+struct DramRange {
+    addr: usize,
+    len: usize,
+}
+
+impl MemoryRegion for DramRange {
+    // No unsafe operation here: nixl-sys only reads the address to describe
+    // the range it registers; the range's validity is register_memory's (or
+    // LeaseSlots') contract.
+    unsafe fn as_ptr(&self) -> *const u8 {
+        self.addr as *const u8
+    }
+
+    fn size(&self) -> usize {
+        self.len
+    }
+}
+
+impl NixlDescriptor for DramRange {
+    fn mem_type(&self) -> MemType {
+        MemType::Dram
+    }
+
+    fn device_id(&self) -> u64 {
+        0
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RegionKind {
+    /// The lease-slot array: read remotely, never a READ's landing region.
+    Slots,
+    /// Caller memory: KV blocks or landing buffers.
+    Raw,
+}
+
+struct LocalRegion {
+    addr: usize,
+    len: usize,
+    kind: RegionKind,
+    /// Deregisters on drop.
+    _registration: RegistrationHandle,
+}
+
+/// What a peer's handshake answer told us.
+#[derive(Debug)]
+struct Reply {
+    name: String,
+    slot_region: Option<u32>,
+    slot_count: u32,
+    compact: bool,
+    regions: Vec<(u64, u64)>,
+    md: Vec<u8>,
+    clock: Option<ClockSample>,
+}
+
+enum PeerState {
+    Pending {
+        rx: Receiver<Result<Reply, FabricError>>,
+        deadline: Instant,
+    },
+    Ready {
+        info: PeerInfo,
+        regions: Vec<(u64, u64)>,
+    },
+    Failed(FabricError),
+}
+
+struct Peer {
+    address: String,
+    /// Registered from the engine's handshake ([`Fabric::add_peer`]): only
+    /// a new `add_peer` revives it, `start_handshake` never dials it.
+    registered: bool,
+    state: PeerState,
+    /// The NIXL name whose metadata is loaded for this peer, if any.
+    name: Option<String>,
+}
+
+/// A prepared transfer request for one (peer, descriptor set).
+struct Cached {
+    peer: u32,
+    hash: u64,
+    descs: Box<[ReadDesc]>,
+    req: XferRequest,
+    busy: bool,
+    last_used: u64,
+}
+
+#[derive(Clone, Copy)]
+struct Inflight {
+    /// 0: slot free.
+    id: u64,
+    cache: usize,
+    peer: u32,
+    posted_at: Instant,
+    /// Completed inside `post_xfer_req`.
+    done: bool,
+    /// Failed before `read_state` saw it (re-handshake of its peer).
+    failed: Option<FabricError>,
+}
+
+/// `Inflight::cache` of a READ whose request was already released.
+const NO_CACHE: usize = usize::MAX;
+
+const FREE_READ: Inflight = Inflight {
+    id: 0,
+    cache: NO_CACHE,
+    peer: 0,
+    posted_at: Instant::ZERO,
+    done: false,
+    failed: None,
+};
+
+/// The handshake listener thread and how to stop it.
+struct Listener {
+    addr: SocketAddr,
+    stop: Arc<AtomicU32>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The real NIXL fabric. See the module docs.
+pub struct NixlFabric {
+    // Field order is drop order: requests before registrations before the
+    // memory they cover; every nixl-sys object before the agent's last Arc.
+    cache: Vec<Option<Cached>>,
+    cache_index: HashMap<(u32, u64), Vec<usize>>,
+    cache_free: Vec<usize>,
+    reads: Vec<Inflight>,
+    reads_free: Vec<u32>,
+    regions: Vec<LocalRegion>,
+    slot_arrays: Vec<Arc<LeaseSlots>>,
+    /// Shares of the landing buffers registered with `register_landing`,
+    /// dropped after the registrations above them.
+    landing: Vec<Arc<LandingWords>>,
+    slot_advert: Option<(RegionId, u32, bool)>,
+    notif_map: NotificationMap,
+    opt_plain: OptArgs,
+    opt_notif: OptArgs,
+    peers: Vec<Peer>,
+    advert: Arc<Mutex<Arc<Vec<u8>>>>,
+    listener: Option<Listener>,
+    /// The engine owns the agent and drains it ([`NixlFabric::with_agent`]).
+    engine_drains: bool,
+    agent: Agent,
+    name: String,
+    config: NixlConfig,
+    read_seq: u32,
+    use_counter: u64,
+    stats: NixlStats,
+}
+
+impl fmt::Debug for NixlFabric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NixlFabric")
+            .field("name", &self.name)
+            .field("listen_addr", &self.listen_addr())
+            .field("engine_drains", &self.engine_drains)
+            .field("regions", &self.regions.len())
+            .field("peers", &self.peers.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+fn backend_code(e: FabricError) -> i32 {
+    match e {
+        FabricError::Backend(code) => code,
+        _ => STATUS_BACKEND,
+    }
+}
+
+fn state_of(state: &PeerState) -> HandshakeState {
+    match state {
+        PeerState::Pending { .. } => HandshakeState::Pending,
+        PeerState::Ready { info, .. } => HandshakeState::Ready(*info),
+        PeerState::Failed(e) => HandshakeState::Failed(*e),
+    }
+}

@@ -1,0 +1,267 @@
+//! kvlease's own handshake side channel: the listener thread that answers
+//! with our NIXL metadata and advert, the client exchange, and the bounded
+//! parser of the answer (see the module docs of [`crate::fabric::nixl`],
+//! "Handshake: our own side channel").
+
+use super::*;
+
+pub(super) fn start_listener(
+    addr: SocketAddr,
+    advert: Arc<Mutex<Arc<Vec<u8>>>>,
+    clock: MonotonicClock,
+) -> Result<Listener, NixlInitError> {
+    let socket = TcpListener::bind(addr).map_err(|e| NixlInitError::Listen(e.kind()))?;
+    let bound = socket
+        .local_addr()
+        .map_err(|e| NixlInitError::Listen(e.kind()))?;
+    let stop = Arc::new(AtomicU32::new(0));
+    let stop_thread = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("kvlease-nixl-listen".into())
+        .spawn(move || serve(socket, stop_thread, advert, clock))
+        .map_err(|e| NixlInitError::Listen(e.kind()))?;
+    Ok(Listener {
+        addr: bound,
+        stop,
+        thread: Some(thread),
+    })
+}
+
+pub(super) fn serve(
+    socket: TcpListener,
+    stop: Arc<AtomicU32>,
+    advert: Arc<Mutex<Arc<Vec<u8>>>>,
+    clock: MonotonicClock,
+) {
+    loop {
+        let conn = socket.accept();
+        if stop.load(Ordering::SeqCst) != 0 {
+            return;
+        }
+        match conn {
+            // A misbehaving client costs at most the I/O timeouts.
+            Ok((stream, _)) => {
+                let _ = answer(stream, &advert, clock);
+            }
+            // E.g. out of file descriptors: do not spin.
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+pub(super) fn answer(
+    mut stream: TcpStream,
+    advert: &Mutex<Arc<Vec<u8>>>,
+    clock: MonotonicClock,
+) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(LISTENER_IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(LISTENER_IO_TIMEOUT))?;
+    let mut req = [0u8; REQUEST_LEN];
+    stream.read_exact(&mut req)?;
+    if u32::from_le_bytes([req[0], req[1], req[2], req[3]]) != MAGIC
+        || u16::from_le_bytes([req[4], req[5]]) != VERSION
+    {
+        return Ok(());
+    }
+    let body = advert.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let body_len = u32::try_from(body.len()).map_err(|_| io::ErrorKind::InvalidData)?;
+    let mut header = [0u8; HEADER_LEN];
+    header[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    header[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    header[8..16].copy_from_slice(&clock.now().as_nanos().to_le_bytes());
+    header[16..20].copy_from_slice(&body_len.to_le_bytes());
+    stream.write_all(&header)?;
+    stream.write_all(&body)?;
+    stream.flush()
+}
+
+pub(super) fn io_error(e: io::Error) -> FabricError {
+    match e.kind() {
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => FabricError::TimedOut,
+        _ => FabricError::PeerUnreachable,
+    }
+}
+
+/// The client side, on the handshake thread: connect, ask, read, parse.
+pub(super) fn exchange(
+    address: &str,
+    clock: MonotonicClock,
+    timeout: Duration,
+) -> Result<Reply, FabricError> {
+    let start = std::time::Instant::now();
+    let remaining = || {
+        timeout
+            .checked_sub(start.elapsed())
+            .filter(|d| !d.is_zero())
+            .ok_or(FabricError::TimedOut)
+    };
+    let addrs: Vec<SocketAddr> = match address.parse::<SocketAddr>() {
+        Ok(a) => vec![a],
+        Err(_) => address
+            .to_socket_addrs()
+            .map_err(|_| FabricError::BadAddress)?
+            .collect(),
+    };
+    if addrs.is_empty() {
+        return Err(FabricError::BadAddress);
+    }
+    let mut stream = None;
+    let mut last = FabricError::PeerUnreachable;
+    for a in &addrs {
+        match TcpStream::connect_timeout(a, remaining()?) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = io_error(e),
+        }
+    }
+    let mut stream = stream.ok_or(last)?;
+    stream.set_nodelay(true).map_err(io_error)?;
+    stream
+        .set_write_timeout(Some(remaining()?))
+        .map_err(io_error)?;
+    let mut req = [0u8; REQUEST_LEN];
+    req[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    req[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    let local_send = clock.now();
+    stream.write_all(&req).map_err(io_error)?;
+    stream
+        .set_read_timeout(Some(remaining()?))
+        .map_err(io_error)?;
+    let mut header = [0u8; HEADER_LEN];
+    stream.read_exact(&mut header).map_err(io_error)?;
+    let local_recv = clock.now();
+    let mut h = Cursor::new(&header);
+    if h.u32()? != MAGIC || h.u16()? != VERSION {
+        return Err(FabricError::PeerUnreachable);
+    }
+    let _flags = h.u16()?;
+    let remote = Instant::from_nanos(h.u64()?);
+    let body_len = h.u32()? as usize;
+    if body_len > MAX_BODY_LEN {
+        return Err(FabricError::PeerUnreachable);
+    }
+    let mut body = vec![0u8; body_len];
+    stream
+        .set_read_timeout(Some(remaining()?))
+        .map_err(io_error)?;
+    stream.read_exact(&mut body).map_err(io_error)?;
+    let clock = ClockSample {
+        local_send,
+        remote,
+        local_recv,
+    };
+    parse_body(&body, clock)
+}
+
+/// Parses an answer body. Every length is bounded; garbage is
+/// `PeerUnreachable` ("answered garbage"), never a panic.
+pub(super) fn parse_body(body: &[u8], clock: ClockSample) -> Result<Reply, FabricError> {
+    let mut c = Cursor::new(body);
+    let name_len = c.u16()? as usize;
+    if name_len == 0 || name_len > MAX_NAME_LEN {
+        return Err(FabricError::PeerUnreachable);
+    }
+    let name = std::str::from_utf8(c.bytes(name_len)?)
+        .map_err(|_| FabricError::PeerUnreachable)?
+        .to_owned();
+    if name.contains('\0') {
+        return Err(FabricError::PeerUnreachable);
+    }
+    let slot_region = c.u32()?;
+    let slot_count = c.u32()?;
+    let compact = match c.u8()? {
+        0 => false,
+        1 => true,
+        _ => return Err(FabricError::PeerUnreachable),
+    };
+    let region_count = c.u32()? as usize;
+    if region_count > MAX_REGIONS || region_count > c.remaining() / 16 {
+        return Err(FabricError::PeerUnreachable);
+    }
+    let mut regions = Vec::with_capacity(region_count);
+    for _ in 0..region_count {
+        let addr = c.u64()?;
+        let len = c.u64()?;
+        if addr.checked_add(len).is_none() {
+            return Err(FabricError::PeerUnreachable);
+        }
+        regions.push((addr, len));
+    }
+    let slot_region = match slot_region {
+        NO_REGION => None,
+        r if (r as usize) < region_count => Some(r),
+        _ => return Err(FabricError::PeerUnreachable),
+    };
+    if let Some(r) = slot_region {
+        // The slot array must hold slot_count words.
+        if u64::from(slot_count) * 8 > regions[r as usize].1 {
+            return Err(FabricError::PeerUnreachable);
+        }
+    }
+    let md_len = c.u32()? as usize;
+    let md = c.bytes(md_len)?.to_vec();
+    if md.is_empty() || c.remaining() != 0 {
+        return Err(FabricError::PeerUnreachable);
+    }
+    Ok(Reply {
+        name,
+        slot_region,
+        slot_count: if slot_region.is_some() { slot_count } else { 0 },
+        compact,
+        regions,
+        md,
+        clock: Some(clock),
+    })
+}
+
+/// A bounds-checked little-endian reader.
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    pub(super) fn new(buf: &'a [u8]) -> Cursor<'a> {
+        Cursor { buf, pos: 0 }
+    }
+
+    pub(super) fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    pub(super) fn bytes(&mut self, n: usize) -> Result<&'a [u8], FabricError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or(FabricError::PeerUnreachable)?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    pub(super) fn array<const N: usize>(&mut self) -> Result<[u8; N], FabricError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.bytes(N)?);
+        Ok(a)
+    }
+
+    pub(super) fn u8(&mut self) -> Result<u8, FabricError> {
+        Ok(self.array::<1>()?[0])
+    }
+
+    pub(super) fn u16(&mut self) -> Result<u16, FabricError> {
+        self.array().map(u16::from_le_bytes)
+    }
+
+    pub(super) fn u32(&mut self) -> Result<u32, FabricError> {
+        self.array().map(u32::from_le_bytes)
+    }
+
+    pub(super) fn u64(&mut self) -> Result<u64, FabricError> {
+        self.array().map(u64::from_le_bytes)
+    }
+}
