@@ -1,0 +1,81 @@
+use super::*;
+use crate::config::EngineShape;
+
+fn config(requests: u32, engines: u32) -> LeaseConfig {
+    let mut c = LeaseConfig::new(EngineShape {
+        num_kv_blocks: 64,
+        max_num_seqs: 8,
+    });
+    c.max_tracked_requests = requests;
+    c.max_remote_engines = engines;
+    c.max_request_id_len = 32;
+    c.validate().unwrap();
+    c
+}
+
+#[test]
+fn key_round_trips() {
+    let mut buf = [0u8; 64];
+    let n = encode_key(&mut buf, "eng", "10.0.0.1", 5600, 4);
+    let k = decode_key(&buf[..n]);
+    assert_eq!(
+        k,
+        EngineKey {
+            engine_id: "eng",
+            host: "10.0.0.1",
+            port: 5600,
+            tp_size: 4
+        }
+    );
+}
+
+#[test]
+fn chunks_stay_packed_under_churn() {
+    let cfg = config(100, 3);
+    let mut t = HeartbeatTracker::new(&cfg);
+    let mut live: Vec<String> = Vec::new();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..20_000u32 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        if rng % 3 != 0 && live.len() < 100 {
+            let d = format!("d{i}");
+            let p = format!("p{i}");
+            let eng = format!("e{}", rng % 3);
+            let params = RemotePrefillParams {
+                do_remote_prefill: true,
+                remote_engine_id: Some(&eng),
+                remote_request_id: Some(&p),
+                remote_host: Some("h"),
+                remote_port: Some(1),
+                tp_size: Some(1),
+                ..Default::default()
+            };
+            t.on_new_request(&d, &params, Instant::ZERO).unwrap();
+            live.push(d);
+        } else if !live.is_empty() {
+            let d = live.swap_remove((rng >> 20) as usize % live.len());
+            assert!(t.on_request_finished(&d));
+        }
+        assert_eq!(t.len() as usize, live.len());
+        let total: usize = t.engines().map(|b| b.len()).sum();
+        assert_eq!(total, live.len());
+        for b in t.engines() {
+            assert_eq!(b.positions().count(), b.len());
+            assert_eq!(b.remotes().count(), b.len());
+        }
+        let used_chunks = (t.free_chunks.capacity() - t.free_chunks.len()) as usize;
+        let want: usize = t.engines().map(|b| b.len().div_ceil(CHUNK)).sum();
+        assert_eq!(used_chunks, want);
+        // Ids move with their members: every request still finds its own.
+        for d in &live {
+            let p = t.remote_of(d).unwrap().remote_request_id;
+            assert_eq!(&p[1..], &d[1..]);
+        }
+    }
+    for d in &live {
+        let p = t.remote_of(d).unwrap().remote_request_id;
+        assert_eq!(&p[1..], &d[1..]);
+    }
+}
