@@ -25,7 +25,7 @@
 //! `chatcmpl-<uuid>` 45); a longer id costs a second line for its tail. The
 //! deadline is authoritative here, not in the timing wheel: a renewal writes
 //! only this line, and the rank re-places an entry whose wheel slot fires
-//! before its deadline (lazy renewal, as `wheel.rs` describes).
+//! before its deadline (lazy renewal, as `wheel/mod.rs` describes).
 
 /// Id bytes stored in the line itself.
 pub(crate) const INLINE_ID: usize = 46;
