@@ -1,0 +1,394 @@
+//! Serving one peer (P engine, rank): its slot of peers, the handshake and
+//! its backoff, and the heartbeat forms sent to it.
+
+use super::*;
+
+impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
+    #[inline]
+    pub(super) fn peer_index(&self, engine: u32, k: u32) -> usize {
+        engine as usize * self.config.max_fan_out as usize + k as usize
+    }
+
+    /// Resets slot `e` for the engine behind `handle` if it held another.
+    pub(super) fn prepare_slot<B: HeartbeatBatch>(
+        &mut self,
+        batch: &B,
+    ) -> Result<u32, SenderError> {
+        let handle = batch.handle();
+        let e = handle.index;
+        let max_engines = self.config.max_engines;
+        let slot = *self
+            .slots
+            .get(e as usize)
+            .ok_or(SenderError::EngineOutOfRange {
+                index: e,
+                max_engines,
+            })?;
+        if slot.used && slot.generation == handle.generation {
+            return Ok(e);
+        }
+        // A new engine in this slot: forget the old one's peers (and any
+        // heartbeat still owed to them: that engine is gone).
+        self.counters.deferred_dropped += u64::from(slot.owed);
+        self.clear_owed(e);
+        let key = batch.key();
+        let mapping =
+            TpMapping::new(self.config.local_tp, key.tp_size).map_err(SenderError::Topology)?;
+        let targets = mapping
+            .targets(self.config.local_rank)
+            .map_err(SenderError::Topology)?;
+        let fan_out = mapping.fan_out();
+        if fan_out > self.config.max_fan_out {
+            return Err(SenderError::FanOutTooLarge {
+                fan_out,
+                max: self.config.max_fan_out,
+            });
+        }
+        let base = self.peer_index(e, 0);
+        for p in &mut self.peers[base..base + self.config.max_fan_out as usize] {
+            *p = IDLE_PEER;
+        }
+        self.slots[e as usize] = Slot {
+            used: true,
+            generation: handle.generation,
+            first_rank: targets.first(),
+            fan_out,
+            owed: 0,
+        };
+        Ok(e)
+    }
+
+    pub(super) fn clear_owed(&mut self, e: u32) {
+        let Some(slot) = self.slots.get_mut(e as usize) else {
+            return;
+        };
+        if slot.owed > 0 {
+            let base = e as usize * self.config.max_fan_out as usize;
+            for p in &mut self.peers[base..base + slot.fan_out as usize] {
+                p.owed = false;
+            }
+            slot.owed = 0;
+        }
+        self.owed.remove(e);
+    }
+
+    pub(super) fn set_owed(&mut self, e: u32, k: u32, owed: bool) {
+        let i = self.peer_index(e, k);
+        let p = &mut self.peers[i];
+        if p.owed == owed {
+            return;
+        }
+        p.owed = owed;
+        let slot = &mut self.slots[e as usize];
+        if owed {
+            slot.owed += 1;
+            self.owed.insert(e);
+        } else {
+            slot.owed -= 1;
+            if slot.owed == 0 {
+                self.owed.remove(e);
+            }
+        }
+        // The owed set is exactly the slots with a debt: what `owed_engines`
+        // reports back to the tracker.
+        debug_assert_eq!(self.owed.contains(e), slot.owed > 0);
+    }
+
+    /// Advances peer `k` of engine `e`: starts, polls or retries its
+    /// handshake. Returns whether it is ready to receive now.
+    pub(super) fn advance<B: HeartbeatBatch>(
+        &mut self,
+        batch: &B,
+        e: u32,
+        k: u32,
+        now: Instant,
+    ) -> bool {
+        let i = self.peer_index(e, k);
+        let peer = self.peers[i];
+        match peer.status {
+            PeerStatus::Ready { .. } => true,
+            PeerStatus::Idle => {
+                self.start_handshake(batch, e, k, now);
+                false
+            }
+            PeerStatus::Failed { retry_at, .. } => {
+                if now >= retry_at {
+                    self.start_handshake(batch, e, k, now);
+                }
+                false
+            }
+            PeerStatus::Pending(agent) => {
+                if peer.started_epoch == self.epoch {
+                    // Started in this step: the spec defers to a later step.
+                    return false;
+                }
+                match self.fabric.handshake_state(agent, now) {
+                    HandshakeState::Pending => false,
+                    HandshakeState::Ready(info) => {
+                        self.counters.handshakes_ready += 1;
+                        let p = &mut self.peers[i];
+                        p.status = PeerStatus::Ready {
+                            agent,
+                            compact: info.compact_heartbeats,
+                        };
+                        p.failures = 0;
+                        true
+                    }
+                    HandshakeState::Failed(err) => {
+                        self.fail(batch, e, k, err, now);
+                        false
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn start_handshake<B: HeartbeatBatch>(
+        &mut self,
+        batch: &B,
+        e: u32,
+        k: u32,
+        now: Instant,
+    ) {
+        let rank = self.slots[e as usize].first_rank + k;
+        self.addr.len = 0;
+        let key = batch.key();
+        if self
+            .address
+            .write_address(&key, rank, &mut self.addr)
+            .is_err()
+        {
+            self.counters.address_errors += 1;
+            self.fail(batch, e, k, FabricError::BadAddress, now);
+            return;
+        }
+        // AddrBuf is filled only through write_str, whole &strs at a time.
+        let Ok(address) = core::str::from_utf8(&self.addr.buf[..self.addr.len]) else {
+            self.counters.address_errors += 1;
+            self.fail(batch, e, k, FabricError::BadAddress, now);
+            return;
+        };
+        self.counters.handshakes_started += 1;
+        match self.fabric.start_handshake(address, now) {
+            Ok(agent) => {
+                let i = self.peer_index(e, k);
+                self.peers[i].status = PeerStatus::Pending(agent);
+                self.peers[i].started_epoch = self.epoch;
+            }
+            Err(err) => self.fail(batch, e, k, err, now),
+        }
+    }
+
+    pub(super) fn fail<B: HeartbeatBatch>(
+        &mut self,
+        batch: &B,
+        e: u32,
+        k: u32,
+        err: FabricError,
+        now: Instant,
+    ) {
+        self.counters.handshakes_failed += 1;
+        let i = self.peer_index(e, k);
+        let p = &mut self.peers[i];
+        p.failures = p.failures.saturating_add(1);
+        let wait = backoff(
+            self.config.backoff_initial,
+            self.config.backoff_max,
+            p.failures,
+        );
+        p.status = PeerStatus::Failed {
+            retry_at: now.saturating_add(wait),
+            failures: p.failures,
+        };
+        self.this_step.error = Some(StepError::Fabric {
+            engine: batch.handle(),
+            rank: self.slots[e as usize].first_rank + k,
+            error: err,
+        });
+    }
+
+    pub(super) fn service<B: HeartbeatBatch>(
+        &mut self,
+        batch: &B,
+        now: Instant,
+        mode: Mode,
+    ) -> Result<(), SenderError> {
+        if mode == Mode::Owed {
+            // Only this engine's own debts: a slot holding another engine
+            // (or none, or owing nothing) has nothing to serve, and must not
+            // be reset by a plan entry that another worker asked for.
+            let handle = batch.handle();
+            match self.slots.get(handle.index as usize) {
+                Some(s) if s.used && s.generation == handle.generation && s.owed > 0 => {}
+                _ => return Ok(()),
+            }
+        }
+        let e = self.prepare_slot(batch)?;
+        let fan_out = self.slots[e as usize].fan_out;
+        let all_leased = batch.all_leased();
+        let (mut text, mut compact) = (false, false);
+        for k in 0..fan_out {
+            let i = self.peer_index(e, k);
+            self.peers[i].send = Form::None;
+            if mode == Mode::Owed && !self.peers[i].owed {
+                // Got this interval's heartbeat already.
+                continue;
+            }
+            if self.advance(batch, e, k, now) {
+                let form = match self.peers[i].status {
+                    PeerStatus::Ready { compact: true, .. } if all_leased => Form::Compact,
+                    _ => Form::Text,
+                };
+                self.peers[i].send = form;
+                text |= form == Form::Text;
+                compact |= form == Form::Compact;
+            } else {
+                if mode == Mode::Due && !self.peers[i].owed {
+                    self.counters.deferred += 1;
+                }
+                self.set_owed(e, k, true);
+            }
+        }
+        if compact
+            && self
+                .send_form(batch, e, fan_out, Form::Compact, now)
+                .is_err()
+        {
+            // The limit cannot hold one compact record: fall back to text.
+            for k in 0..fan_out {
+                let i = self.peer_index(e, k);
+                if self.peers[i].send == Form::Compact {
+                    self.peers[i].send = Form::Text;
+                    text = true;
+                }
+            }
+        }
+        let mut result = Ok(());
+        if text {
+            if let Err(err) = self.send_form(batch, e, fan_out, Form::Text, now) {
+                result = Err(SenderError::Encode(err));
+            }
+        }
+        // Sweep the peers marked for this batch. A peer whose send failed
+        // was unmarked by `send_form` and stays owed; a batch that cannot be
+        // encoded at all owes nothing (retrying each step would fail the
+        // same way; the next interval tries again).
+        for k in 0..fan_out {
+            let i = self.peer_index(e, k);
+            let p = self.peers[i];
+            self.peers[i].send = Form::None;
+            match (p.send, result.is_ok()) {
+                (Form::None, _) => {}
+                (_, true) => {
+                    if p.owed {
+                        self.counters.deferred_sent += 1;
+                    }
+                    self.set_owed(e, k, false);
+                }
+                (_, false) => self.set_owed(e, k, false),
+            }
+        }
+        result
+    }
+
+    /// Encodes the batch once in `form` and sends every piece to each peer
+    /// marked for that form. A peer whose send fails is unmarked and owed;
+    /// on a connection error it goes back through the handshake, with
+    /// backoff.
+    pub(super) fn send_form<B: HeartbeatBatch>(
+        &mut self,
+        batch: &B,
+        e: u32,
+        fan_out: u32,
+        form: Form,
+        now: Instant,
+    ) -> Result<(), WireError> {
+        let base = self.peer_index(e, 0);
+        let first_rank = self.slots[e as usize].first_rank;
+        let handle = batch.handle();
+        let max_len = self.fabric.max_notification_len().min(self.scratch.len());
+        let (initial, max) = (self.config.backoff_initial, self.config.backoff_max);
+        let HeartbeatSender {
+            fabric,
+            peers,
+            scratch,
+            counters,
+            this_step,
+            ..
+        } = self;
+        let peers = &mut peers[base..base + fan_out as usize];
+        let mut emit = |msg: &[u8]| {
+            for (k, p) in peers.iter_mut().enumerate() {
+                if p.send != form {
+                    continue;
+                }
+                let PeerStatus::Ready { agent, .. } = p.status else {
+                    debug_assert!(false, "a marked peer is ready");
+                    continue;
+                };
+                match fabric.send_notification(agent, msg) {
+                    Ok(()) => {
+                        counters.messages_sent += 1;
+                        counters.bytes_sent += msg.len() as u64;
+                        if form == Form::Compact {
+                            counters.compact_messages_sent += 1;
+                        }
+                    }
+                    Err(err) => {
+                        counters.send_failed += 1;
+                        // Skip this batch's later pieces for the peer; the
+                        // owed sweep retries it in a later step.
+                        p.send = Form::None;
+                        p.send_failed = true;
+                        if matches!(
+                            err,
+                            FabricError::NotConnected
+                                | FabricError::UnknownAgent
+                                | FabricError::PeerUnreachable
+                        ) {
+                            counters.handshakes_failed += 1;
+                            p.failures = p.failures.saturating_add(1);
+                            p.status = PeerStatus::Failed {
+                                retry_at: now.saturating_add(backoff(initial, max, p.failures)),
+                                failures: p.failures,
+                            };
+                        }
+                        this_step.error = Some(StepError::Fabric {
+                            engine: handle,
+                            rank: first_rank + k as u32,
+                            error: err,
+                        });
+                    }
+                }
+            }
+        };
+        let stats = match form {
+            Form::Compact => {
+                wire::encode_compact_heartbeats(batch.leases(), max_len, scratch, &mut emit)
+            }
+            Form::Text | Form::None => {
+                wire::encode_heartbeats(batch.remote_request_ids(), max_len, scratch, &mut emit)
+            }
+        }?;
+        counters.ids_skipped += u64::from(stats.skipped);
+        // Peers whose send failed inside `emit` (which cannot reach the
+        // owed set) are owed the heartbeat.
+        for k in 0..fan_out {
+            let i = base + k as usize;
+            if self.peers[i].send_failed {
+                self.peers[i].send_failed = false;
+                self.set_owed(e, k, true);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `initial * 2^(failures - 1)`, capped at `max` (and at least `initial`).
+pub(super) fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
+    let shift = failures.saturating_sub(1).min(31);
+    initial
+        .checked_mul(1u32 << shift)
+        .unwrap_or(max)
+        .min(max.max(initial))
+}
