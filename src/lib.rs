@@ -92,6 +92,8 @@
 //! - [`wire`]: the notification codec (`HB:`, read-done with nonce, compact `HBC:`).
 //! - [`topology`]: heterogeneous TP rank mapping.
 //! - [`fabric`]: the one trait to the network; loopback and NIXL implementations.
+//! - [`clock_offset`]: the offset to a remote engine's clock from handshake
+//!   round trips, and the turn-2 read gate (bidirectional mode).
 //!
 //! ## Features
 //!
@@ -103,6 +105,7 @@
 // src/sync.rs); unit tests may use them. The non-test build is still checked.
 #![cfg_attr(test, allow(clippy::disallowed_types))]
 
+pub mod clock_offset;
 mod collections;
 pub mod config;
 pub mod consumer;
