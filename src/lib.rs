@@ -94,6 +94,8 @@
 //! - [`fabric`]: the one trait to the network; loopback and NIXL implementations.
 //! - [`clock_offset`]: the offset to a remote engine's clock from handshake
 //!   round trips, and the turn-2 read gate (bidirectional mode).
+//! - [`decoder_cache`]: D's cache of finished turns for P's turn-2 reads: the
+//!   P roles run in reverse with a fixed `decoder_kv_blocks_ttl` term.
 //!
 //! ## Features
 //!
@@ -109,6 +111,7 @@ pub mod clock_offset;
 mod collections;
 pub mod config;
 pub mod consumer;
+pub mod decoder_cache;
 pub mod fabric;
 pub mod ids;
 pub mod ipc;

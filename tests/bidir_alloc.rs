@@ -1,15 +1,19 @@
 //! Proof of the step contract for bidirectional mode: after construction,
-//! the clock-offset estimator (samples folded in, deadlines checked) makes
-//! exactly 0 heap allocations.
+//! the clock-offset estimator (samples folded in, deadlines checked) and D's
+//! cache of finished turns (keep, directives, expiry on the ranks, P's
+//! read-dones, reports, drain, slot reuse) make exactly 0 heap allocations.
 //!
 //! The counting allocator (tests/support/counting_alloc.rs) counts only on
 //! the thread that armed it, so the harness's own threads cannot disturb it.
 
 use core::time::Duration;
 
+use std::sync::Arc;
+
 use kvlease::clock_offset::{ClockOffset, ClockOffsetConfig, ReadGate};
+use kvlease::decoder_cache::{self, DecoderCacheScheduler};
 use kvlease::fabric::ClockSample;
-use kvlease::Instant;
+use kvlease::{EngineShape, Instant, LeaseConfig, LeaseSlots, PrefillRank, SlotTicket};
 
 #[path = "support/counting_alloc.rs"]
 mod counting_alloc;
@@ -55,6 +59,87 @@ fn offset_estimator_allocates_nothing() {
     assert!(est.counters().adopted > 10, "{:?}", est.counters());
     println!(
         "bidir_alloc: {STEPS} estimator steps: {} allocations, {} bytes",
+        counts.allocs, counts.bytes
+    );
+    assert_eq!((counts.allocs, counts.bytes), (0, 0));
+}
+
+#[test]
+fn decoder_ttl_steps_allocate_nothing() {
+    const RANKS: u32 = 2;
+    let mut config = LeaseConfig::new(EngineShape {
+        num_kv_blocks: 512,
+        max_num_seqs: 0,
+    });
+    config.decoder_kv_blocks_ttl = Duration::from_secs(8);
+    let mut sched = DecoderCacheScheduler::new(&config, RANKS, Instant::ZERO).unwrap();
+    let mut ranks: Vec<PrefillRank> = (0..RANKS)
+        .map(|r| {
+            let slots = Arc::new(LeaseSlots::new(config.lease_slots));
+            decoder_cache::new_cache_rank(&config, r, slots, Instant::ZERO).unwrap()
+        })
+        .collect();
+    let ids: Vec<String> = (0..1024).map(|i| format!("chatcmpl-{i:032x}")).collect();
+    // P's read-done for each id, filled in when the id is kept (nonce known).
+    let mut done: Vec<Vec<u8>> = ids.iter().map(|id| vec![0u8; id.len() + 64]).collect();
+    let mut done_len = vec![0usize; ids.len()];
+    let mut meta = vec![0u8; 1 << 20];
+    let mut out = vec![0u8; ranks[0].max_reports_len()];
+    let mut tickets: Vec<SlotTicket> = Vec::with_capacity(2048);
+    let (mut expired, mut read) = (0u64, 0u64);
+
+    counting_alloc::self_check();
+    let ((), counts) = count_allocs(|| {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        for step in 0..STEPS {
+            let now = Instant::from_millis(step * 20);
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let i = (rng % ids.len() as u64) as usize;
+            // Request i finished decoding: keep its blocks (refused while held).
+            if let Ok(kept) = sched.keep(&ids[i], now) {
+                if let Some(f) = kept.fields {
+                    done_len[i] =
+                        kvlease::wire::encode_read_done(&ids[i], 1, Some(f.nonce), &mut done[i])
+                            .unwrap();
+                }
+            }
+            // P read another one on every rank (half of what was kept).
+            let j = ((rng >> 20) % ids.len() as u64) as usize;
+            let n = sched
+                .scheduler_mut()
+                .encode_directives(now, &mut meta)
+                .unwrap();
+            for (r, rank) in ranks.iter_mut().enumerate() {
+                rank.apply_directives(&meta[..n], now).unwrap();
+                if j % 2 == 0 && done_len[j] > 0 {
+                    let _ = rank.on_notification(&done[j][..done_len[j]], now);
+                }
+                rank.poll(now);
+                let m = rank.encode_reports(&mut out).unwrap();
+                sched
+                    .scheduler_mut()
+                    .apply_reports(r as u32, &out[..m])
+                    .unwrap();
+            }
+            sched.scheduler_mut().drain_released(|rel| {
+                match rel.reason {
+                    kvlease::ReleaseReason::Expired => expired += 1,
+                    _ => read += 1,
+                }
+                if let Some(t) = rel.slot {
+                    tickets.push(t);
+                }
+            });
+            while let Some(t) = tickets.pop() {
+                sched.scheduler_mut().blocks_freed(t);
+            }
+        }
+    });
+    assert!(expired > 1_000 && read > 1_000, "{expired} {read}");
+    println!(
+        "bidir_alloc: {STEPS} D cache steps ({expired} expired, {read} read): {} allocations, {} bytes",
         counts.allocs, counts.bytes
     );
     assert_eq!((counts.allocs, counts.bytes), (0, 0));
