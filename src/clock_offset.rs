@@ -3,7 +3,8 @@
 //!
 //! This module owns the arithmetic of comparing an instant on *another*
 //! process's clock with our own: folding clock samples (from the handshake,
-//! [`crate::fabric::ClockSample`], or from a later ping/pong) into one offset with an error bound, widening that
+//! [`crate::fabric::ClockSample`], or from a later ping/pong,
+//! [`crate::clock_ping`]) into one offset with an error bound, widening that
 //! bound as the sample ages, and deciding whether a read of blocks that the
 //! remote holds until a deadline on *its* clock may still start. It reads no
 //! clock (callers pass `now`), sends nothing, allocates nothing, and knows

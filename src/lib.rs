@@ -94,6 +94,8 @@
 //! - [`fabric`]: the one trait to the network; loopback and NIXL implementations.
 //! - [`clock_offset`]: the offset to a remote engine's clock from handshake
 //!   round trips, and the turn-2 read gate (bidirectional mode).
+//! - [`clock_ping`]: the `CLKPING:`/`CLKPONG:` notifications that re-sample a
+//!   peer's clock without a new handshake.
 //! - [`decoder_cache`]: D's cache of finished turns for P's turn-2 reads: the
 //!   P roles run in reverse with a fixed `decoder_kv_blocks_ttl` term.
 //!
@@ -108,6 +110,7 @@
 #![cfg_attr(test, allow(clippy::disallowed_types))]
 
 pub mod clock_offset;
+pub mod clock_ping;
 mod collections;
 pub mod config;
 pub mod consumer;

@@ -1,5 +1,6 @@
 //! Proof of the step contract for bidirectional mode: after construction,
-//! the clock-offset estimator (samples folded in, deadlines checked) and D's
+//! the clock-offset estimator (samples folded in, deadlines checked), the
+//! clock ping/pong (encode, decode, match) and D's
 //! cache of finished turns (keep, directives, expiry on the ranks, P's
 //! read-dones, reports, drain, slot reuse) make exactly 0 heap allocations.
 //!
@@ -11,6 +12,7 @@ use core::time::Duration;
 use std::sync::Arc;
 
 use kvlease::clock_offset::{ClockOffset, ClockOffsetConfig, ReadGate};
+use kvlease::clock_ping::{self, ClockMessage, ClockPinger};
 use kvlease::decoder_cache::{self, DecoderCacheScheduler};
 use kvlease::fabric::ClockSample;
 use kvlease::{EngineShape, Instant, LeaseConfig, LeaseSlots, PrefillRank, SlotTicket};
@@ -28,6 +30,8 @@ const STEPS: u64 = 100_000;
 #[test]
 fn offset_estimator_allocates_nothing() {
     let mut est = ClockOffset::new(ClockOffsetConfig::default());
+    let mut pinger = ClockPinger::new(42, Duration::from_secs(1));
+    let (mut ping, mut pong) = ([0u8; clock_ping::PING_LEN], [0u8; clock_ping::PONG_LEN]);
     counting_alloc::self_check();
     let ((reads, declines), counts) = count_allocs(|| {
         let mut rng = 0x2545_f491_4f6c_dd1du64;
@@ -44,6 +48,23 @@ fn offset_estimator_allocates_nothing() {
                     remote: now + Duration::from_secs(1_000),
                     local_recv: now,
                 });
+            } else if pinger.due(now) {
+                // A re-sample over the fabric: ping, D answers, pong folded in.
+                let n = pinger.ping(now, &mut ping).unwrap();
+                let Some(Ok(ClockMessage::Ping { token })) = clock_ping::decode(&ping[..n]) else {
+                    panic!("ping does not decode");
+                };
+                let d_now = now + Duration::from_secs(1_000) + Duration::from_micros(rng % 900);
+                let m = clock_ping::encode_pong(token, d_now, &mut pong).unwrap();
+                if let Some(Ok(ClockMessage::Pong { token, remote })) =
+                    clock_ping::decode(&pong[..m])
+                {
+                    if let Some(sample) =
+                        pinger.on_pong(token, remote, now + Duration::from_millis(1))
+                    {
+                        est.observe(sample);
+                    }
+                }
             }
             // Deadlines from already past to 30 s away, on D's clock.
             let deadline = now + Duration::from_secs(1_000) + Duration::from_millis(rng % 30_000)
@@ -57,6 +78,7 @@ fn offset_estimator_allocates_nothing() {
     });
     assert!(reads > 10_000 && declines > 10_000, "{reads} {declines}");
     assert!(est.counters().adopted > 10, "{:?}", est.counters());
+    assert!(pinger.counters().samples > 1_000, "{:?}", pinger.counters());
     println!(
         "bidir_alloc: {STEPS} estimator steps: {} allocations, {} bytes",
         counts.allocs, counts.bytes

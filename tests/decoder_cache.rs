@@ -153,3 +153,27 @@ fn without_verification_the_deadline_is_still_exported() {
     // A second keep of the same id while held is refused, never a panic.
     assert!(sched.keep("turn-1", Instant::from_secs(4)).is_err());
 }
+
+#[test]
+fn a_clock_message_reaching_a_rank_is_a_counted_no_op() {
+    let mut d = DSide::new(Duration::from_secs(480), 1);
+    let t0 = Instant::from_secs(1);
+    let nonce = d.sched.keep("turn-1", t0).unwrap().fields.unwrap().nonce;
+    d.step(t0);
+    let rank = &mut d.ranks[0];
+    for msg in [
+        &b"CLKPING:00000000000000ff"[..],
+        b"CLKPONG:00000000000000ff0000000000000001",
+        b"CLKPING:garbage",
+    ] {
+        assert_eq!(rank.on_notification(msg, t0), Ok(Default::default()));
+    }
+    assert_eq!(rank.counters().clock_messages, 3);
+    assert_eq!(rank.counters().malformed_notifications, 0);
+    assert_eq!(rank.held(), 1);
+    // Other traffic is unaffected: P's read-done still releases.
+    let done = format!("turn-1:1:nonce={:016x}", nonce.get());
+    rank.on_notification(done.as_bytes(), t0).unwrap();
+    d.step(t0 + Duration::from_secs(1));
+    assert_eq!(d.freed, [("turn-1".to_owned(), ReleaseReason::ReadDone)]);
+}

@@ -98,6 +98,10 @@ pub struct RankCounters {
     pub read_done_stale_nonce: u64,
     /// Notifications that did not decode.
     pub malformed_notifications: u64,
+    /// Clock ping/pong notifications ([`crate::clock_ping`]): not this
+    /// rank's to answer (the engine answers them before the rank sees
+    /// notifications), so counted and ignored.
+    pub clock_messages: u64,
     /// This rank's shares released because its readers were done.
     pub released_read: u64,
     /// This rank's shares released because they expired.
