@@ -67,7 +67,10 @@ fn bench(c: &mut Criterion) {
 
     // vLLM: perf_counter floats, offset from the best sample, fixed margin.
     let offset_s = 3_600.0f64;
-    let deadlines_s: Vec<f64> = deadlines.iter().map(|d| d.as_nanos() as f64 / 1e9).collect();
+    let deadlines_s: Vec<f64> = deadlines
+        .iter()
+        .map(|d| d.as_nanos() as f64 / 1e9)
+        .collect();
     let mut i = 0;
     g.bench_function("baseline: float compare (no bound)", |b| {
         b.iter(|| {
@@ -80,25 +83,28 @@ fn bench(c: &mut Criterion) {
     let mut pinger = ClockPinger::new(1, Duration::ZERO);
     let (mut ping, mut pong) = ([0u8; clock_ping::PING_LEN], [0u8; clock_ping::PONG_LEN]);
     let mut t = 0u64;
-    g.bench_function("ping round trip (encode, decode, pong, decode, match)", |b| {
-        b.iter(|| {
-            t += 1_000;
-            let now = Instant::from_nanos(t);
-            let n = pinger.ping(now, &mut ping).unwrap_or(0);
-            let Some(Ok(clock_ping::ClockMessage::Ping { token })) =
-                clock_ping::decode(black_box(&ping[..n]))
-            else {
-                return None;
-            };
-            let m = clock_ping::encode_pong(token, now, &mut pong).unwrap_or(0);
-            match clock_ping::decode(black_box(&pong[..m])) {
-                Some(Ok(clock_ping::ClockMessage::Pong { token, remote })) => {
-                    black_box(pinger.on_pong(token, remote, now))
+    g.bench_function(
+        "ping round trip (encode, decode, pong, decode, match)",
+        |b| {
+            b.iter(|| {
+                t += 1_000;
+                let now = Instant::from_nanos(t);
+                let n = pinger.ping(now, &mut ping).unwrap_or(0);
+                let Some(Ok(clock_ping::ClockMessage::Ping { token })) =
+                    clock_ping::decode(black_box(&ping[..n]))
+                else {
+                    return None;
+                };
+                let m = clock_ping::encode_pong(token, now, &mut pong).unwrap_or(0);
+                match clock_ping::decode(black_box(&pong[..m])) {
+                    Some(Ok(clock_ping::ClockMessage::Pong { token, remote })) => {
+                        black_box(pinger.on_pong(token, remote, now))
+                    }
+                    _ => None,
                 }
-                _ => None,
-            }
-        })
-    });
+            })
+        },
+    );
     g.finish();
 }
 

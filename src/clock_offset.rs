@@ -211,10 +211,8 @@ impl ClockOffset {
         // to the final halving; the shift floors (a constant i128 division
         // would be a libcall on the hot path), which moves the estimate by
         // under 1 ns, inside the rounded-up bound.
-        let offset_ns = (2 * i128::from(sample.remote.as_nanos())
-            - i128::from(send)
-            - i128::from(recv))
-            >> 1;
+        let offset_ns =
+            (2 * i128::from(sample.remote.as_nanos()) - i128::from(send) - i128::from(recv)) >> 1;
         let candidate = Best {
             offset_ns,
             half_rtt_ns,
