@@ -96,6 +96,8 @@
 //!   round trips, and the turn-2 read gate (bidirectional mode).
 //! - [`clock_ping`]: the `CLKPING:`/`CLKPONG:` notifications that re-sample a
 //!   peer's clock without a new handshake.
+//! - [`turn2_read`]: P's decision on one turn-2 read: decline, read as vLLM
+//!   does, or read and verify.
 //! - [`decoder_cache`]: D's cache of finished turns for P's turn-2 reads: the
 //!   P roles run in reverse with a fixed `decoder_kv_blocks_ttl` term.
 //!
@@ -122,6 +124,7 @@ pub mod lease_fields;
 mod sync;
 pub mod time;
 pub mod topology;
+pub mod turn2_read;
 pub mod wheel;
 
 pub use config::{ConfigError, EngineShape, LeaseConfig, ParsedConfig};

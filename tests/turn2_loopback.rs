@@ -20,11 +20,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvlease::clock_offset::{ClockOffset, ClockOffsetConfig, ReadGate};
+use kvlease::clock_offset::{ClockOffset, ClockOffsetConfig};
 use kvlease::consumer::{LeaseVerifier, Verdict, VerifyTarget};
 use kvlease::decoder_cache::{self, CachedBlocks, DecoderCacheScheduler};
 use kvlease::fabric::loopback::{LoopbackConfig, LoopbackFabric, LoopbackNetwork};
 use kvlease::fabric::{AgentId, Fabric, HandshakeState, PeerInfo, ReadDesc, RegionId, XferState};
+use kvlease::turn2_read::{self, Turn2Read};
 use kvlease::{
     EngineShape, Instant, LeaseConfig, LeaseSlots, PrefillRank, ReleaseReason, SlotTicket,
 };
@@ -217,7 +218,17 @@ impl World {
         let param = decoder_cache::expiry_time_param(kept.expiry);
         let deadline = decoder_cache::parse_expiry_time(param).unwrap();
         self.net.advance_to(start);
-        if self.p.clock.check_read(Some(deadline), start) == ReadGate::Decline {
+        // P verifies (its kv_lease_verification is on); whether it can
+        // depends on what D advertised and exported.
+        let plan = turn2_read::decide(
+            &mut self.p.clock,
+            Some(deadline),
+            kept.fields,
+            &self.p.info,
+            true,
+            start,
+        );
+        if plan == Turn2Read::Decline {
             return Load::Declined;
         }
         let descs = [ReadDesc {
@@ -263,7 +274,7 @@ impl World {
             .landing
             .iter()
             .all(|w| w.load(Ordering::Acquire) == bytes));
-        let Some(fields) = kept.fields else {
+        let Turn2Read::Verified(fields) = plan else {
             return Load::Read(None, bytes);
         };
         // Verify: one slot READ, then the verdict.
@@ -329,6 +340,7 @@ fn ttl_expiring_mid_readback_without_verification_is_silent_corruption() {
     let mut w = world(false);
     let kept = w.d.finish_turn("conv-1", TURN_1, v(1_000));
     assert_eq!(kept.fields, None, "vLLM's behaviour: nothing to verify");
+    assert_eq!(w.p.info.slot_region, None, "D advertises no slots");
     let load = w.turn2("conv-1", kept, v(20_000), Some(v(31_500)));
     // The READ succeeded and P holds another conversation's KV, with no
     // error anywhere: exactly what verification turns into a failed load.
