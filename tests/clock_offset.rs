@@ -12,11 +12,11 @@
 //!
 //! 1. **Never late.** A read the gate lets through at a step starts at the
 //!    latest one step later, and D's clock is then still before the deadline.
-//! 2. **Never needlessly early.** While D's true time to the deadline exceeds
-//!    `margin + 2 * bound + step`, the gate reads. (In P's *estimate* the
-//!    threshold is `margin + bound`; the estimate itself is off by at most
-//!    `bound`, hence the second `bound` in true time, and the step is the
-//!    granularity at which P looks.)
+//! 2. **Never needlessly early.** While P's *estimate* of the time left
+//!    exceeds `margin + bound`, the gate reads; and while D's *true* time to
+//!    the deadline exceeds `margin + 2 * bound + step`, it reads too (the
+//!    estimate itself is off by at most `bound`, and the step is the
+//!    granularity at which P looks).
 
 use core::time::Duration;
 
@@ -125,7 +125,14 @@ fn run_case(
             ReadGate::Decline => tally.declines += 1,
             ReadGate::NoSample => panic!("a sample was taken"),
         }
-        // Property 2.
+        // Property 2, in P's estimate: more than margin + bound left reads
+        // (the rule itself; the step is where the next look happens).
+        let est_left =
+            i128::from(est.to_local(deadline).unwrap().as_nanos()) - i128::from(now.as_nanos());
+        if est_left > margin + bound {
+            assert_eq!(verdict, ReadGate::Read, "estimate {est_left} ns left");
+        }
+        // Property 2, in D's true time.
         if remaining > margin + 2 * bound + step {
             tally.checked_far += 1;
             assert_eq!(
