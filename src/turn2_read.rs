@@ -31,7 +31,8 @@
 //!     local_recv: Instant::from_secs(1),
 //! });
 //! let d = PeerInfo { slot_region: Some(RegionId(0)), slot_count: 64, compact_heartbeats: true, clock: None };
-//! let fields = Some(LeaseFields { slot: 3, nonce: Nonce::new(9).unwrap() });
+//! let lease = LeaseFields { slot: 3, nonce: Nonce::new(9).unwrap() };
+//! let fields = Some(lease);
 //! let deadline = Some(Instant::from_secs(100 + 480));
 //! let now = Instant::from_secs(2);
 //! assert_eq!(decide(&mut clock, deadline, fields, &d, true, now), Turn2Read::Verified(lease));
