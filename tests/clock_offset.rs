@@ -8,6 +8,10 @@
 //! per step of length `step` until well past the deadline, re-sampling now
 //! and then with jittered, asymmetric delays.
 //!
+//! Each case runs with vLLM's 5 s margin and with a 100 ms margin (two
+//! steps): with the large one the margin alone would hide a gate that
+//! ignored the bound; with the small one only the bound keeps reads on time.
+//!
 //! The two properties, checked at every step of every case:
 //!
 //! 1. **Never late.** A read the gate lets through at a step starts at the
@@ -83,9 +87,9 @@ fn run_case(
     back: i128,
     resample_every: Option<i128>,
     config: ClockOffsetConfig,
+    step: i128,
     rng: &mut Rng,
 ) -> Tally {
-    let step = 50 * MS;
     let ttl = 480 * SEC;
     let margin = i128::try_from(config.safety_margin.as_nanos()).unwrap();
     let mut est = ClockOffset::new(config);
@@ -200,15 +204,15 @@ fn never_late_and_never_needlessly_early_across_worlds_and_routes() {
     let mut cases = 0;
     for (name, world) in worlds() {
         for (fwd, back) in ROUTES {
-            for resample in [None, Some(60 * SEC), Some(7 * SEC)] {
-                let t = run_case(
-                    world,
-                    fwd,
-                    back,
-                    resample,
-                    ClockOffsetConfig::default(),
-                    &mut rng,
-                );
+            for (resample, margin) in [None, Some(60 * SEC), Some(7 * SEC)]
+                .into_iter()
+                .flat_map(|r| [(r, Duration::from_secs(5)), (r, Duration::from_millis(100))])
+            {
+                let config = ClockOffsetConfig {
+                    safety_margin: margin,
+                    ..ClockOffsetConfig::default()
+                };
+                let t = run_case(world, fwd, back, resample, config, 50 * MS, &mut rng);
                 // Each case has both verdicts, and property 2 was exercised.
                 assert!(t.reads > 1000, "{name} {fwd}/{back}: {t:?}");
                 assert!(t.declines > 100, "{name} {fwd}/{back}: {t:?}");
@@ -217,7 +221,7 @@ fn never_late_and_never_needlessly_early_across_worlds_and_routes() {
             }
         }
     }
-    assert_eq!(cases, 4 * 5 * 3);
+    assert_eq!(cases, 4 * 5 * 3 * 2);
 }
 
 #[test]
@@ -233,8 +237,25 @@ fn drift_beyond_the_allowance_is_still_caught_by_the_margin_but_not_by_the_bound
         ..ClockOffsetConfig::default()
     };
     let (_, fast) = worlds()[2];
-    let t = run_case(fast, 50_000, 50_000, None, config, &mut rng);
+    let t = run_case(fast, 50_000, 50_000, None, config, 50 * MS, &mut rng);
     assert!(t.reads > 1000 && t.declines > 100, "{t:?}");
+}
+
+#[test]
+fn drift_is_carried_by_the_allowance_when_the_margin_is_thin() {
+    // 10 ms steps and a 20 ms margin: over the 480 s TTL a D that runs
+    // 90 ppm fast or slow moves 43 ms against the handshake's estimate,
+    // more than the margin. Only the drift allowance (100 ppm of the
+    // sample's age, in the bound) keeps every accepted read on time.
+    let mut rng = Rng(11);
+    let config = ClockOffsetConfig {
+        safety_margin: Duration::from_millis(20),
+        ..ClockOffsetConfig::default()
+    };
+    for (name, world) in &worlds()[2..] {
+        let t = run_case(*world, 50_000, 50_000, None, config, 10 * MS, &mut rng);
+        assert!(t.reads > 10_000 && t.declines > 100, "{name}: {t:?}");
+    }
 }
 
 #[test]
