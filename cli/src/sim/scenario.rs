@@ -14,8 +14,10 @@ use serde::Serialize;
 
 use super::model::Fleet;
 
-/// A scenario from the lease spec. (`bidirectional-skew` is not here: the
-/// bidirectional-transfer issue has not landed in the library.)
+/// A scenario from the lease spec. (`bidirectional-skew` is not here yet:
+/// the library's pieces for it exist (`kvlease::clock_offset`,
+/// `kvlease::decoder_cache`, `kvlease::turn2_read`), but the simulated
+/// engines do not model multi-turn conversations.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Scenario {
