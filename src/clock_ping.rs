@@ -36,7 +36,8 @@
 //! A vLLM P reads any notification that is not `HB:` as a read-done and
 //! splits off an integer after the last `:`, so a ping must never reach one:
 //! send pings only to peers whose handshake shows they are kvlease (they
-//! advertise compact heartbeats, [`crate::fabric::PeerInfo::compact_heartbeats`]).
+//! advertise compact heartbeats, [`crate::fabric::PeerInfo::compact_heartbeats`];
+//! [`peer_answers_pings`] asks exactly that).
 //! The other way round, a peer that never answers costs nothing: the pinger
 //! keeps the estimate it has (from the handshake) and its next ping replaces
 //! the unanswered one. On the receiving side, [`decode`] claims only the two
@@ -69,7 +70,7 @@
 use core::fmt;
 use core::time::Duration;
 
-use crate::fabric::ClockSample;
+use crate::fabric::{ClockSample, PeerInfo};
 use crate::time::Instant;
 
 /// Prefix of a ping.
@@ -121,6 +122,13 @@ impl fmt::Display for ClockMsgError {
 }
 
 impl std::error::Error for ClockMsgError {}
+
+/// Whether a ping may be sent to the peer a handshake described: only to a
+/// kvlease peer (one that advertises compact heartbeats). A vLLM peer would
+/// read a ping as a malformed read-done.
+pub fn peer_answers_pings(peer: &PeerInfo) -> bool {
+    peer.compact_heartbeats
+}
 
 /// Whether `msg` claims to be a clock message (starts with either prefix).
 pub fn is_clock_message(msg: &[u8]) -> bool {
@@ -330,6 +338,22 @@ mod tests {
         assert_eq!(decode(b""), None);
         assert!(is_clock_message(b"CLKPONG:"));
         assert!(!is_clock_message(b"HB:x"));
+    }
+
+    #[test]
+    fn only_kvlease_peers_are_pinged() {
+        let kvlease = PeerInfo {
+            slot_region: None,
+            slot_count: 0,
+            compact_heartbeats: true,
+            clock: None,
+        };
+        let vllm = PeerInfo {
+            compact_heartbeats: false,
+            ..kvlease
+        };
+        assert!(peer_answers_pings(&kvlease));
+        assert!(!peer_answers_pings(&vllm));
     }
 
     #[test]

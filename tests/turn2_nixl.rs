@@ -424,6 +424,10 @@ fn turn2_reads_over_real_nixl_between_two_processes() {
     );
 
     // 2. A clock ping over NIXL comes back and is folded in.
+    assert!(
+        clock_ping::peer_answers_pings(&p.info),
+        "D is a kvlease peer"
+    );
     let mut buf = [0u8; clock_ping::PING_LEN];
     let n = p.pinger.ping(p.clock.now(), &mut buf).unwrap();
     p.f.send_notification(p.to_d, &buf[..n]).unwrap();
