@@ -177,3 +177,13 @@ fn a_clock_message_reaching_a_rank_is_a_counted_no_op() {
     d.step(t0 + Duration::from_secs(1));
     assert_eq!(d.freed, [("turn-1".to_owned(), ReleaseReason::ReadDone)]);
 }
+
+#[test]
+fn the_lease_book_counts_clock_messages_too() {
+    let config = config(Duration::from_secs(480));
+    let mut book = kvlease::LeaseBook::new(&config, Instant::ZERO);
+    let msg = b"CLKPING:0000000000000001";
+    assert!(book.on_notification(0, msg, Instant::ZERO).is_ok());
+    assert_eq!(book.counters().clock_messages, 1);
+    assert_eq!(book.counters().malformed_notifications, 0);
+}

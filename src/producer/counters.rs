@@ -154,6 +154,8 @@ pub struct BookCounters {
     pub read_done_bad_rank: u64,
     /// Notifications that did not decode.
     pub malformed_notifications: u64,
+    /// Clock ping/pong notifications that reached a rank: ignored.
+    pub clock_messages: u64,
     /// Leases released because every rank's readers were done.
     pub released_read: u64,
     /// Leases released because at least one rank's lease expired.
@@ -199,6 +201,7 @@ impl BookCounters {
             b.read_done_unknown += r.read_done_unknown;
             b.read_done_stale_nonce += r.read_done_stale_nonce;
             b.malformed_notifications += r.malformed_notifications;
+            b.clock_messages += r.clock_messages;
         }
         b
     }
