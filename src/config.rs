@@ -19,6 +19,8 @@
 //! | `kv_lease_max_hold` | off | ceiling on how long heartbeats can keep one lease alive, whole seconds (`600` or `600.0`) |
 //! | `kv_lease_max_tracked_requests` | 65,536 | requests D heartbeats at once (waiting ones included) |
 //! | `kv_lease_max_remote_engines` | 64 | distinct P engines D heartbeats at once |
+//! | `kv_lease_turn2_safety_margin` | 5 | P declines a turn-2 read this close to D's deadline (plus the clock bound), seconds (any positive number); vLLM's `_KV_BLOCKS_EXPIRY_SAFETY_MARGIN` |
+//! | `kv_lease_clock_drift_ppm` | 100 | how fast P assumes two hosts' clocks drift apart, ppm (0..=1,000,000): a clock sample's bound grows by this much of its age |
 //!
 //! The first four are vLLM's names and meanings; the rest are ours and carry
 //! the `kv_lease_` prefix.
@@ -112,6 +114,11 @@ pub struct LeaseConfig {
     pub max_tracked_requests: u32,
     /// `kv_lease_max_remote_engines`: P engines D heartbeats at once.
     pub max_remote_engines: u32,
+    /// `kv_lease_turn2_safety_margin`: P declines a turn-2 read that would
+    /// start this close to D's deadline (plus the clock bound).
+    pub turn2_safety_margin: Duration,
+    /// `kv_lease_clock_drift_ppm`: the drift allowance of clock samples.
+    pub clock_drift_ppm: u32,
 }
 
 /// Default `kv_lease_max_tracked_requests`: how many requests D heartbeats
@@ -230,6 +237,8 @@ const KNOWN_KEYS: &[&str] = &[
     "kv_lease_max_hold",
     "kv_lease_max_tracked_requests",
     "kv_lease_max_remote_engines",
+    "kv_lease_turn2_safety_margin",
+    "kv_lease_clock_drift_ppm",
 ];
 
 impl LeaseConfig {
@@ -254,6 +263,8 @@ impl LeaseConfig {
             max_hold_secs: None,
             max_tracked_requests: DEFAULT_MAX_TRACKED_REQUESTS,
             max_remote_engines: 64,
+            turn2_safety_margin: Duration::from_secs(5),
+            clock_drift_ppm: 100,
         }
     }
 
@@ -279,6 +290,16 @@ impl LeaseConfig {
     /// The TTL of blocks cached on D in bidirectional mode.
     pub fn decoder_kv_blocks_ttl(&self) -> Duration {
         self.decoder_kv_blocks_ttl
+    }
+
+    /// The settings of P's clock-offset estimators (bidirectional mode):
+    /// `kv_lease_turn2_safety_margin` and `kv_lease_clock_drift_ppm`.
+    pub fn clock_offset_config(&self) -> crate::clock_offset::ClockOffsetConfig {
+        crate::clock_offset::ClockOffsetConfig {
+            safety_margin: self.turn2_safety_margin,
+            drift_ppm: self.clock_drift_ppm,
+            ..crate::clock_offset::ClockOffsetConfig::default()
+        }
     }
 
     /// The ceiling on one lease's life under heartbeats, if any.
@@ -340,6 +361,19 @@ impl LeaseConfig {
             self.decoder_kv_blocks_ttl,
             Duration::from_nanos(1),
             RULE_TTL,
+        )?;
+        duration_range(
+            "kv_lease_turn2_safety_margin",
+            self.turn2_safety_margin,
+            Duration::from_nanos(1),
+            RULE_MARGIN,
+        )?;
+        range(
+            "kv_lease_clock_drift_ppm",
+            u64::from(self.clock_drift_ppm),
+            0,
+            1_000_000,
+            "must be 0..=1000000",
         )?;
         range(
             "kv_lease_slots",
@@ -479,6 +513,13 @@ impl LeaseConfig {
                 "kv_lease_max_remote_engines" => {
                     c.max_remote_engines = u32_key("kv_lease_max_remote_engines", v)?
                 }
+                "kv_lease_turn2_safety_margin" => {
+                    c.turn2_safety_margin =
+                        secs("kv_lease_turn2_safety_margin", v, 0.0, RULE_MARGIN)?
+                }
+                "kv_lease_clock_drift_ppm" => {
+                    c.clock_drift_ppm = u32_key("kv_lease_clock_drift_ppm", v)?
+                }
                 other => unknown_keys.push(other.to_string()),
             }
         }
@@ -550,6 +591,7 @@ fn u32_key(key: &'static str, v: &Value) -> Result<u32, ConfigError> {
 const RULE_LEASE_DURATION: &str =
     "must be 6..=315360000 seconds (under 6 the heartbeat interval duration // 6 is 0)";
 const RULE_TTL: &str = "must be more than 0 and at most 315360000 seconds";
+const RULE_MARGIN: &str = RULE_TTL;
 
 /// A duration in seconds as vLLM takes it: any JSON number (`30`, `30.0`,
 /// `3e1`, `45.5`) that is at least `min` (and more than 0), at most
@@ -901,6 +943,37 @@ mod tests {
                 .max_hold(),
             None
         );
+    }
+
+    #[test]
+    fn turn2_clock_settings_parse_and_feed_the_estimator() {
+        let d = parse("{}").unwrap().config.clock_offset_config();
+        assert_eq!(
+            (d.safety_margin, d.drift_ppm),
+            (Duration::from_secs(5), 100)
+        );
+        let c = parse(r#"{"kv_lease_turn2_safety_margin": 2.5, "kv_lease_clock_drift_ppm": 0}"#)
+            .unwrap()
+            .config
+            .clock_offset_config();
+        assert_eq!(
+            (c.safety_margin, c.drift_ppm),
+            (Duration::from_millis(2_500), 0)
+        );
+        for bad in [
+            r#"{"kv_lease_turn2_safety_margin": 0}"#,
+            r#"{"kv_lease_turn2_safety_margin": -1}"#,
+            r#"{"kv_lease_turn2_safety_margin": "5"}"#,
+            r#"{"kv_lease_clock_drift_ppm": 1000001}"#,
+            r#"{"kv_lease_clock_drift_ppm": -3}"#,
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("kv_lease_turn2_safety_margin")
+                    || e.contains("kv_lease_clock_drift_ppm"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

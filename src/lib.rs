@@ -92,6 +92,14 @@
 //! - [`wire`]: the notification codec (`HB:`, read-done with nonce, compact `HBC:`).
 //! - [`topology`]: heterogeneous TP rank mapping.
 //! - [`fabric`]: the one trait to the network; loopback and NIXL implementations.
+//! - [`clock_offset`]: the offset to a remote engine's clock from handshake
+//!   round trips, and the turn-2 read gate (bidirectional mode).
+//! - [`clock_ping`]: the `CLKPING:`/`CLKPONG:` notifications that re-sample a
+//!   peer's clock without a new handshake.
+//! - [`turn2_read`]: P's decision on one turn-2 read: decline, read as vLLM
+//!   does, or read and verify.
+//! - [`decoder_cache`]: D's cache of finished turns for P's turn-2 reads: the
+//!   P roles run in reverse with a fixed `decoder_kv_blocks_ttl` term.
 //!
 //! ## Features
 //!
@@ -103,9 +111,12 @@
 // src/sync.rs); unit tests may use them. The non-test build is still checked.
 #![cfg_attr(test, allow(clippy::disallowed_types))]
 
+pub mod clock_offset;
+pub mod clock_ping;
 mod collections;
 pub mod config;
 pub mod consumer;
+pub mod decoder_cache;
 pub mod fabric;
 pub mod ids;
 pub mod ipc;
@@ -113,6 +124,7 @@ pub mod lease_fields;
 mod sync;
 pub mod time;
 pub mod topology;
+pub mod turn2_read;
 pub mod wheel;
 
 pub use config::{ConfigError, EngineShape, LeaseConfig, ParsedConfig};

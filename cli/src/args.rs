@@ -38,16 +38,16 @@ pub enum Command {
     /// Every scenario runs every policy on the same seed: lease renewal with
     /// verification (lease+verify), without (lease-noverify), and vLLM's
     /// fixed timeouts before leases, 480 s and 30 s (fixed-480, fixed-30:
-    /// unrenewed, unverified leases of that length). The bidirectional-skew
-    /// scenario is not available yet: the library's bidirectional transfer
-    /// (issue "bidirectional") has not landed.
+    /// unrenewed, unverified leases of that length). `--scenario
+    /// bidirectional-skew` (not part of `all`) runs turn-2 reads from D's
+    /// cache across skewed clocks instead.
     Sim(SimArgs),
 }
 
 /// Which scenarios to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ScenarioSel {
-    /// Every scenario below.
+    /// Every scenario below but bidirectional-skew.
     All,
     /// Steady traffic, nothing fails.
     Happy,
@@ -65,6 +65,9 @@ pub enum ScenarioSel {
     SlotExhaustion,
     /// One P rank hears no notification for 140 s while its peer does.
     RankDivergence,
+    /// Turn 2 of multi-turn conversations pulled from D's cache, D's clock
+    /// 2 h ahead and 80 ppm fast, slow READs (not part of `all`).
+    BidirectionalSkew,
 }
 
 /// Which policies to compare.
@@ -418,6 +421,7 @@ impl ScenarioSel {
             ScenarioSel::MidreadLapse => Scenario::MidreadLapse,
             ScenarioSel::SlotExhaustion => Scenario::SlotExhaustion,
             ScenarioSel::RankDivergence => Scenario::RankDivergence,
+            ScenarioSel::BidirectionalSkew => Scenario::BidirectionalSkew,
         })
     }
 }

@@ -48,7 +48,7 @@ fn bad_workload_flags_are_refused() {
     refused(&["--requests", "0"], "--requests");
     refused(&["--duration", "0"], "--duration");
     refused(&["--prompt-tokens", "0"], "--prompt-tokens");
-    refused(&["--scenario", "bidirectional-skew"], "bidirectional-skew");
+    refused(&["--scenario", "sideways"], "sideways");
     refused(&["--policy", "forever"], "forever");
     refused(&["--json-timings"], "--json");
     refused(&["--no-such-flag"], "--no-such-flag");

@@ -196,3 +196,32 @@ fn the_happy_path_loses_nothing_and_verification_never_passes_wrong_kv() {
         "a fixed timeout sends no heartbeats"
     );
 }
+
+#[test]
+fn turn2_reads_across_skewed_clocks_are_verified_or_corrupt() {
+    // D's clock is 2 h ahead and drifting: every read the gate accepted
+    // completed before D's deadline unless the READ itself was slow; those
+    // verification catches, and without it they are silent corruptions.
+    let out = sim(&[
+        "--scenario",
+        "bidirectional-skew",
+        "--policy",
+        "lease+verify,lease-noverify,fixed-480",
+        "--seed",
+        "5",
+    ]);
+    let v = run(&out.report, "bidirectional-skew", "lease+verify");
+    let n = run(&out.report, "bidirectional-skew", "lease-noverify");
+    let vllm = run(&out.report, "bidirectional-skew", "fixed-480");
+    assert!(v.completed > 100, "turn 2s were read: {}", v.completed);
+    assert!(v.stale_reads > 0, "the TTL must overtake some READs");
+    assert_eq!(v.stale_caught, v.stale_reads);
+    assert_eq!((v.silent_corruptions, v.verified_but_wrong), (0, 0));
+    assert!(n.silent_corruptions > 0, "without verification: {n:?}");
+    assert_eq!(n.stale_caught, 0);
+    // The skew is estimated, not ignored: the gate declines only near the
+    // deadline (about a quarter of turn 2s come back after it), so most
+    // turn 2s are read rather than recomputed.
+    assert!(v.recomputed < v.completed, "{v:?}");
+    assert!(vllm.silent_corruptions > 0, "vLLM's turn 2 is unverified");
+}

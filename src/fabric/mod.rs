@@ -69,8 +69,8 @@ pub struct ReadDesc {
     pub len: u64,
 }
 
-/// One clock sample taken during a handshake (for `clock_sync`): the remote
-/// read its monotonic clock between our send and our receive.
+/// One clock sample taken during a handshake (for [`crate::clock_offset`]):
+/// the remote read its monotonic clock between our send and our receive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClockSample {
     /// Our clock when the request left.

@@ -98,6 +98,10 @@ pub struct RankCounters {
     pub read_done_stale_nonce: u64,
     /// Notifications that did not decode.
     pub malformed_notifications: u64,
+    /// Clock ping/pong notifications ([`crate::clock_ping`]): not this
+    /// rank's to answer (the engine answers them before the rank sees
+    /// notifications), so counted and ignored.
+    pub clock_messages: u64,
     /// This rank's shares released because its readers were done.
     pub released_read: u64,
     /// This rank's shares released because they expired.
@@ -150,6 +154,8 @@ pub struct BookCounters {
     pub read_done_bad_rank: u64,
     /// Notifications that did not decode.
     pub malformed_notifications: u64,
+    /// Clock ping/pong notifications that reached a rank: ignored.
+    pub clock_messages: u64,
     /// Leases released because every rank's readers were done.
     pub released_read: u64,
     /// Leases released because at least one rank's lease expired.
@@ -195,6 +201,7 @@ impl BookCounters {
             b.read_done_unknown += r.read_done_unknown;
             b.read_done_stale_nonce += r.read_done_stale_nonce;
             b.malformed_notifications += r.malformed_notifications;
+            b.clock_messages += r.clock_messages;
         }
         b
     }

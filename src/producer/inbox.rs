@@ -28,7 +28,14 @@ impl PrefillRank {
     /// this rank's release. A message that does not decode changes nothing,
     /// is counted in `malformed_notifications`, and its error is returned for
     /// the engine to log.
+    ///
+    /// A clock ping or pong ([`crate::clock_ping`]) is no read-done: it is
+    /// counted in `clock_messages` and changes nothing.
     pub fn on_notification(&mut self, msg: &[u8], now: Instant) -> Result<InboxSummary, WireError> {
+        if crate::clock_ping::is_clock_message(msg) {
+            self.note_clock_message();
+            return Ok(InboxSummary::default());
+        }
         let decoded = match wire::decode(msg) {
             Ok(n) => n,
             Err(e) => {

@@ -725,6 +725,10 @@ impl PrefillRank {
         }
     }
 
+    pub(crate) fn note_clock_message(&mut self) {
+        self.counters.clock_messages += 1;
+    }
+
     pub(crate) fn note_malformed(&mut self) {
         self.counters.malformed_notifications += 1;
     }

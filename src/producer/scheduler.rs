@@ -369,6 +369,15 @@ impl PrefillScheduler {
         })
     }
 
+    /// Makes every lease started from now on a fixed term of `term`: the
+    /// expiry is `now + term` and the ranks cap renewals there, so nothing
+    /// can extend it. D's cache of finished turns ([`crate::decoder_cache`])
+    /// is this scheduler with a fixed term of `decoder_kv_blocks_ttl`.
+    pub(crate) fn set_fixed_term(&mut self, term: Duration) {
+        self.duration = term;
+        self.max_hold = Some(term);
+    }
+
     /// Event counts since construction.
     pub fn counters(&self) -> &SchedulerCounters {
         &self.counters

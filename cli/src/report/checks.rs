@@ -10,7 +10,9 @@
 //! - under overload, lease renewal frees nothing prematurely, while the
 //!   30 s timeout does;
 //! - with heartbeat loss, verification turns every stale read into a failed
-//!   load (0 silent corruptions), while without it corruptions are counted.
+//!   load (0 silent corruptions), while without it corruptions are counted;
+//! - in bidirectional-skew, the same holds for turn-2 reads that D's TTL
+//!   overtakes mid-READ.
 
 use std::fmt::Write;
 
@@ -70,6 +72,30 @@ pub fn checks(report: &Report) -> Vec<Check> {
                         ),
                         holds: (l.orphaned > 0 || f.orphaned > 0).then_some(
                             renewed_ok && all_ok && f.reclaim_s.is_none_or(|x| x > all_bound),
+                        ),
+                    });
+                }
+            }
+            Scenario::BidirectionalSkew => {
+                if let (Some(v), Some(n)) = (policy(r, "lease+verify"), policy(r, "lease-noverify"))
+                {
+                    out.push(Check {
+                        text: format!(
+                            "bidirectional-skew{at}: with verification {} of {} turn-2 READs overtaken by D's TTL \
+                             were caught and {} loads were corrupt ({} verified but wrong); without it {} of {} \
+                             were accepted with another conversation's KV",
+                            v.stale_caught,
+                            v.stale_reads,
+                            v.silent_corruptions,
+                            v.verified_but_wrong,
+                            n.silent_corruptions,
+                            n.stale_reads
+                        ),
+                        holds: (v.stale_reads > 0 && n.stale_reads > 0).then_some(
+                            v.silent_corruptions == 0
+                                && v.verified_but_wrong == 0
+                                && v.stale_caught == v.stale_reads
+                                && n.silent_corruptions > 0,
                         ),
                     });
                 }

@@ -17,9 +17,11 @@
 //! - [`scenario`], [`policy`]: what happens, and what is compared;
 //! - [`prefill`], [`decode`], [`decode_worker`]: the engines;
 //! - [`router`], [`world`]: arrivals, routing, the event loop;
+//! - [`bidir`]: the `bidirectional-skew` scenario's own small world;
 //! - [`ledger`], [`metrics`]: what is measured, and how;
 //! - [`blocks`], [`kv`], [`rng`], [`error`]: small parts.
 
+pub mod bidir;
 pub mod blocks;
 pub mod decode;
 pub mod decode_worker;

@@ -14,8 +14,9 @@ use serde::Serialize;
 
 use super::model::Fleet;
 
-/// A scenario from the lease spec. (`bidirectional-skew` is not here: the
-/// bidirectional-transfer issue has not landed in the library.)
+/// A scenario from the lease spec, or `bidirectional-skew` (turn-2 reads
+/// from D's cache across skewed clocks; run by [`super::bidir`], and not in
+/// [`Scenario::ALL`], which are the P-to-D scenarios of the default run).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Scenario {
@@ -37,6 +38,10 @@ pub enum Scenario {
     /// One P rank (the last of P engine 0) hears no notification for 140 s
     /// while its peer rank does.
     RankDivergence,
+    /// Multi-turn conversations: P pulls turn 2 from the blocks D cached,
+    /// with D's clock 2 h ahead and 80 ppm fast, and slow READs that outlast
+    /// the safety margin.
+    BidirectionalSkew,
 }
 
 impl Scenario {
@@ -61,6 +66,7 @@ impl Scenario {
             Scenario::MidreadLapse => "midread-lapse",
             Scenario::SlotExhaustion => "slot-exhaustion",
             Scenario::RankDivergence => "rank-divergence",
+            Scenario::BidirectionalSkew => "bidirectional-skew",
         }
     }
 
@@ -145,6 +151,19 @@ impl Scenario {
                 });
                 plan.lease_slots = Some(64);
                 plan.description = "kv_lease_slots = 64 per P worker; surge x3 (60-150 s)".into();
+            }
+            Scenario::BidirectionalSkew => {
+                // Long enough for turn 2s that come back after 1.1 TTLs
+                // (480 s by default); a longer TTL lengthens the run.
+                plan.duration = s(660);
+                plan.description = format!(
+                    "turn 2 pulled from D's cache; D's clock {} h ahead and {} ppm fast; \
+                     {} % of READs take +{} s",
+                    super::bidir::D_AHEAD.as_secs() / 3600,
+                    super::bidir::D_DRIFT_PPM,
+                    super::bidir::SLOW_READ_PERCENT,
+                    super::bidir::SLOW_READ.as_secs()
+                );
             }
             Scenario::RankDivergence => {
                 plan.surge = Some(Surge {

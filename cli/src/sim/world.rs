@@ -204,6 +204,14 @@ pub fn run(spec: &RunSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<RunOutput,
     config
         .validate()
         .map_err(|e| SimError(format!("lease settings for {}: {e}", spec.policy.name())))?;
+    if spec.scenario == Scenario::BidirectionalSkew {
+        let ttl = config.decoder_kv_blocks_ttl();
+        let duration = spec.duration.unwrap_or_else(|| {
+            plan.duration
+                .max(ttl.mul_f64(1.25) + Duration::from_secs(60))
+        });
+        return super::bidir::run(spec, &config, duration, progress);
+    }
     let realised = spec.policy.realise(&config);
     let heartbeats = realised.heartbeats;
     let mut rng = SimRng::new(spec.seed, 0);

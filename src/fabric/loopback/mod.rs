@@ -17,8 +17,8 @@
 //! takes one (or that the controller set with [`LoopbackNetwork::advance_to`]).
 //! Callers pass the shared virtual time as `now`. An agent's *own* clock, the
 //! one it reports in handshakes, is virtual time plus its configured offset
-//! ([`LoopbackNetwork::set_clock_offset`]), so `clock_sync` has an offset to
-//! find. Delayed notifications are released by the first drain at or after
+//! ([`LoopbackNetwork::set_clock_offset`]), so [`crate::clock_offset`] has an
+//! offset to find. Delayed notifications are released by the first drain at or after
 //! their due virtual time.
 //!
 //! # What happens when
@@ -974,7 +974,7 @@ impl Fabric for LoopbackFabric {
                         .map_or(0, |r| r.advert.load(Ordering::Acquire));
                     let (slot_region, slot_count, compact_heartbeats) = unpack_advert(advert);
                     // The remote answers halfway through, so the midpoint
-                    // estimate of clock_sync is exact here.
+                    // estimate of clock_offset is exact here.
                     let answered = started + now.saturating_duration_since(started) / 2;
                     let info = PeerInfo {
                         slot_region,
