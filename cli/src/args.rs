@@ -38,16 +38,16 @@ pub enum Command {
     /// Every scenario runs every policy on the same seed: lease renewal with
     /// verification (lease+verify), without (lease-noverify), and vLLM's
     /// fixed timeouts before leases, 480 s and 30 s (fixed-480, fixed-30:
-    /// unrenewed, unverified leases of that length). `--scenario
-    /// bidirectional-skew` (not part of `all`) runs turn-2 reads from D's
-    /// cache across skewed clocks instead.
+    /// unrenewed, unverified leases of that length). `bidirectional-skew`
+    /// runs turn-2 reads from D's cache across skewed clocks instead, in a
+    /// small world of its own.
     Sim(SimArgs),
 }
 
 /// Which scenarios to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ScenarioSel {
-    /// Every scenario below but bidirectional-skew.
+    /// Every scenario below.
     All,
     /// Steady traffic, nothing fails.
     Happy,
@@ -66,7 +66,7 @@ pub enum ScenarioSel {
     /// One P rank hears no notification for 140 s while its peer does.
     RankDivergence,
     /// Turn 2 of multi-turn conversations pulled from D's cache, D's clock
-    /// 2 h ahead and 80 ppm fast, slow READs (not part of `all`).
+    /// 2 h ahead and 80 ppm fast, slow READs.
     BidirectionalSkew,
 }
 
