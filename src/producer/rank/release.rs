@@ -1,0 +1,163 @@
+//! Letting go on a rank: read-dones, expiries, and the reports that leave
+//! only after the slot was zeroed.
+
+use super::*;
+
+impl PrefillRank {
+    /// Counts one read-done notification received by this rank. `consumers`
+    /// is the number of decoder ranks that read from this rank (current
+    /// vLLM's `id:consumers`); this rank's share is released when that many
+    /// arrived. With `nonce`, a notification for an earlier lease with the
+    /// same id is dropped; without one (vLLM's form) it is accepted and
+    /// counted. [`ReadDoneOutcome::Released`] means *this rank's* share.
+    pub fn read_done(
+        &mut self,
+        request_id: &[u8],
+        consumers: u32,
+        nonce: Option<Nonce>,
+    ) -> ReadDoneOutcome {
+        let Some(e) = self.find(request_id) else {
+            self.counters.read_done_unknown += 1;
+            return ReadDoneOutcome::Unknown;
+        };
+        let held_nonce = self.lines.get(e).map_or(0, |l| l.nonce);
+        match nonce {
+            Some(n) if n.get() != held_nonce => {
+                self.counters.read_done_stale_nonce += 1;
+                return ReadDoneOutcome::StaleNonce;
+            }
+            Some(_) => {}
+            None => self.counters.read_done_without_nonce += 1,
+        }
+        self.counters.read_done += 1;
+        let cell = &mut self.reads[e as usize];
+        let (expected, seen) = ((*cell >> 32) as u32, *cell as u32);
+        // The first notification fixes how many this rank expects.
+        let expected = if expected == 0 {
+            consumers.max(1)
+        } else {
+            expected
+        };
+        let seen = seen.saturating_add(1);
+        *cell = (u64::from(expected) << 32) | u64::from(seen);
+        if seen < expected {
+            return ReadDoneOutcome::Counted;
+        }
+        self.wheel.cancel(e);
+        self.release(e, ReleaseReason::ReadDone);
+        ReadDoneOutcome::Released
+    }
+
+    /// Expires every lease of this rank whose deadline is at or before `now`.
+    /// Call once per step. Costs O(levels + expired + re-placed): a renewed
+    /// lease whose old wheel slot comes up is placed again at its deadline.
+    pub fn poll(&mut self, now: Instant) {
+        #[cfg(kvlease_mutant = "zero_after_report")]
+        for slot in core::mem::take(&mut self.deferred_zero) {
+            self.slots.clear(slot);
+        }
+        while let Some(e) = self.wheel.pop_expired(now) {
+            let Some(line) = self.lines.get(e) else {
+                continue;
+            };
+            debug_assert_eq!(line.state(), HELD, "entry {e} on the wheel but not held");
+            if line.state() != HELD {
+                continue;
+            }
+            if line.deadline > now.as_nanos() {
+                let deadline = line.deadline;
+                self.schedule(e, deadline);
+                continue;
+            }
+            self.release(e, ReleaseReason::Expired);
+        }
+    }
+
+    /// Ends this rank's share of entry `e`: zero the slot first, then unindex
+    /// and free the entry, then queue the report (invariant 1: the slot is
+    /// zeroed before the release can be reported, so before the blocks can
+    /// be freed). The caller has taken `e` off the wheel.
+    pub(super) fn release(&mut self, e: u32, reason: ReleaseReason) {
+        let Some(line) = self.lines.get(e) else {
+            return;
+        };
+        debug_assert!(line.is_held());
+        let nonce = line.nonce;
+        if let Some(slot) = self.layout.slot_of(e) {
+            #[cfg(not(kvlease_mutant = "zero_after_report"))]
+            self.slots.clear(slot);
+            // Mutation check (.ci/mutants.sh): the slot is zeroed only at the
+            // next poll, after the report may have left. Must be caught.
+            #[cfg(kvlease_mutant = "zero_after_report")]
+            self.deferred_zero.push(slot);
+        }
+        let h = self.hashes[e as usize];
+        let hashes = &self.hashes;
+        let removed = self.index.remove(h, e, |x| hashes[x as usize]);
+        debug_assert!(removed, "held entry {e} was not indexed");
+        self.lines.clear(e);
+        self.held -= 1;
+        match reason {
+            ReleaseReason::ReadDone => self.counters.released_read += 1,
+            ReleaseReason::Expired => self.counters.expired += 1,
+            ReleaseReason::Cancelled => self.counters.cancelled += 1,
+        }
+        let Some(nonce) = Nonce::new(nonce) else {
+            return;
+        };
+        // At most one report per entry per grant is queued, and the ring is
+        // as large as the entry count.
+        let queued = self.reports.push(RankReport {
+            entry: e,
+            nonce,
+            reason,
+        });
+        debug_assert!(queued);
+    }
+
+    /// Reports waiting to go to the scheduler.
+    pub fn pending_reports(&self) -> usize {
+        self.reports.len()
+    }
+
+    /// Bytes [`PrefillRank::encode_reports`] needs now.
+    pub fn reports_len(&self) -> usize {
+        report::encoded_len(self.reports.len() as u32)
+    }
+
+    /// Bytes a report message can take at most (every entry reported at
+    /// once): size the engine's buffer with this once.
+    pub fn max_reports_len(&self) -> usize {
+        report::encoded_len(self.lines.len())
+    }
+
+    /// Encodes every waiting report into `buf` as this rank's next report
+    /// message and forgets them; returns the message length. The engine
+    /// ships it to the scheduler (vLLM: in the KV connector output). With
+    /// [`IpcError::BufferTooSmall`] nothing is consumed.
+    pub fn encode_reports(&mut self, buf: &mut [u8]) -> Result<usize, IpcError> {
+        let n = self.reports.len();
+        let reports = &self.reports;
+        let len = report::encode(
+            buf,
+            self.rank,
+            self.report_seq,
+            (0..n).map(|k| reports.get(k).unwrap_or(PLACEHOLDER)),
+        )?;
+        self.report_seq = self.report_seq.wrapping_add(1);
+        for _ in 0..n {
+            self.reports.pop();
+        }
+        self.counters.reports_sent += n as u64;
+        Ok(len)
+    }
+
+    /// Hands every waiting report to `sink` and forgets it (in-process
+    /// engines: the scheduler is in the same process).
+    pub fn drain_reports(&mut self, mut sink: impl FnMut(RankReport)) {
+        while let Some(r) = self.reports.pop() {
+            self.counters.reports_sent += 1;
+            sink(r);
+        }
+    }
+}
