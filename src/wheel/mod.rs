@@ -47,8 +47,8 @@
 //! The first version placed entries tokio-style, by the highest 6-bit group
 //! in which deadline and `elapsed` differ. Every lease that is renewed across
 //! a level boundary then lands in the *same* upper slot, and the whole book
-//! cascades in one poll when that boundary passes: measured 152 ms at 1M
-//! leases, 1.5 ms at 100k (benches/wheel.rs, steady state). With placement
+//! cascades in one poll when that boundary passes (`benches/wheel.rs`
+//! measures the pause; the README's "Benchmarks" has the figures). With placement
 //! by distance and a near level that covers the lease horizon, a lease is
 //! placed at its exact tick, and the work of a poll is the leases that expire
 //! or were renewed at that tick: spread as evenly as the grants were.

@@ -85,31 +85,16 @@
 //!
 //! # Cost
 //!
-//! `benches/tracker.rs`, release build, medians on a shared 2-core EPYC VM
-//! (noisy: other builds ran alongside), 10,000 requests over 16 engines, all
-//! due every step, every request visited:
-//!
-//! | step | per step | per request |
-//! |---|---|---|
-//! | `due`, every P-side id read | 27.9 µs | 2.8 ns |
-//! | `due`, every (slot, nonce) read | 14.9 µs | 1.5 ns |
-//! | naive `HashMap<String, Vec<String>>` rebuilt and iterated | 873 µs | 87 ns |
-//! | naive map kept, only iterated (a floor, not a design) | 10.7 µs | 1.1 ns |
-//! | `encode_plan`, every id and lease written | 90.3 µs | 9.0 ns |
-//! | `HeartbeatPlan::decode` + the sender's walk of every id and lease | 125.9 µs | 12.6 ns |
-//! | both (what the split adds per request over `due`) | 177.3 µs | 17.7 ns |
-//!
-//! (The plan rows come from a later, equally noisy run, in which `due` over
-//! ids took 38.0 µs.) The split costs about four `due` walks: the plan is
-//! written once, checked in full on decode (outside input: every id's
-//! bounds, UTF-8 and commas), and walked again by the sender. Engines are due
-//! once per interval (5 s by default), so a plan is that large only once per
-//! interval per engine; in between it is a 32-byte header plus any owed
-//! engine.
-//!
-//! `on_new_request` plus `on_request_finished` with 10k tracked: ~0.5 µs
-//! (mostly hashing the ids into the two `IdTable`s and three equal-length
-//! `replace_range`s).
+//! `benches/tracker.rs` measures a step with every engine due (10,000
+//! requests over 16 engines): `due` over ids and over (slot, nonce) pairs,
+//! against a naive `HashMap<String, Vec<String>>` rebuilt each step, and the
+//! scheduler/worker split (`encode_plan`, then decode plus the sender's
+//! walk). The split costs about four `due` walks: the plan is written once,
+//! checked in full on decode (outside input: every id's bounds, UTF-8 and
+//! commas), and walked again by the sender. Engines are due once per
+//! interval (5 s by default), so a plan is that large only once per interval
+//! per engine; in between it is a 32-byte header plus any owed engine. The
+//! medians are in the README's "Benchmarks" section.
 
 use core::fmt;
 use core::time::Duration;

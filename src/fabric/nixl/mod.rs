@@ -74,22 +74,14 @@
 //! between polls (a zero delay busy-spins and, on two cores, slows everything
 //! down: 8 ms notification round trips in `shared/notes/nixl.md`).
 //!
-//! Measured on this project's machine kind (x86_64, 2 cores, UCX over shared
-//! memory, release build, three runs; `measure_progress_modes` and
+//! `measure_progress_modes` and
 //! `killed_peer_process_fails_reads_with_a_typed_error` in
-//! `tests/nixl_fabric.rs` print them), through this module's API: a round
-//! trip is `send_notification` → peer drains → peer sends → we drain; the
-//! READ is one 512-byte descriptor over a 64-slot lease array, posted and
-//! polled to `Done` (a re-posted, cached request):
-//!
-//! | mode (UCX error handling `none`)      | notification round trip p50 / p99 | 64-slot READ p50 / p99 |
-//! |---------------------------------------|-----------------------------------|------------------------|
-//! | engine loop, one process              | 1.2–1.3 µs / 1.5–5.3 µs           | 1.9 µs / 2.5–3.2 µs    |
-//! | progress thread (1000 µs), one process| 34–56 µs / 70–132 µs              | 1.9–2.5 µs / 2.1–5.7 µs|
-//! | engine loop, two processes            | 3.1–3.2 µs / 7.8–9.8 µs           | —                      |
-//!
-//! (A debug build of kvlease roughly doubles the engine-loop figures.) The
-//! engine-loop mode is the default: it is 30–40 times faster for
+//! `tests/nixl_fabric.rs` measure, through this module's API, a notification
+//! round trip (`send_notification` → peer drains → peer sends → we drain) and
+//! a 512-byte READ of a 64-slot lease array (a re-posted, cached request), in
+//! each progress mode, in one process and in two; the README's "Fabrics"
+//! section has the figures. The engine-loop mode is the default: it is
+//! 30–40 times faster for
 //! notifications, costs no extra core, and the engine loop polls every step
 //! anyway. Over shared memory a READ is one-sided in both modes and costs
 //! the same; over TCP it is not (next section).
@@ -112,9 +104,8 @@
 //! the notification's receiver) hangs on TCP while it passes on shared
 //! memory. `tests/two_hosts.rs` runs the whole deployment in two network
 //! namespaces over `UCX_TLS=tcp`; the README's "Across hosts" gives the
-//! settings and the figures. Measured on TCP over loopback
-//! (`measure_progress_modes` with `UCX_TLS=tcp`, release): notification round
-//! trip 18 µs p50, a 64-slot READ 31 µs p50.
+//! settings and the figures (`measure_progress_modes` with `UCX_TLS=tcp`
+//! measures the fabric itself over TCP).
 //!
 //! A dead peer over TCP: when its process dies, its kernel resets the
 //! connection and the next READ fails at once (`Backend`), and a
@@ -125,9 +116,9 @@
 //! at [`NixlConfig::transfer_timeout`], and the lease covers the rest.
 //!
 //! Over shared memory, a dead peer is detected even with error handling
-//! `none`: after the peer process is killed, the next READ to it fails
-//! with `Backend(-2)` within 0.2–0.4 ms (UCX's `cma` copy reports an I/O
-//! error). Transports that cannot tell fall back to the transfer timeout
+//! `none`: after the peer process is killed, the next READ to it fails at
+//! once with `Backend(-2)` (UCX's `cma` copy reports an I/O error; the
+//! README's "Fabrics" gives the measured delay). Transports that cannot tell fall back to the transfer timeout
 //! (tested with a READ held in flight by error handling `peer` against a
 //! target that does not poll: `Failed(TimedOut)`, request aborted, peer
 //! failed, re-handshake and READ again). A notification to a dead peer is
