@@ -38,6 +38,8 @@
 //! bits: ids come from outside, and a fixed hash would let a client pick ids
 //! that collide.
 
+use crate::pack::Field;
+
 const EMPTY: u64 = u64::MAX;
 
 /// Why an id was refused.
@@ -151,7 +153,7 @@ impl IdIndex {
         while self.cells[i] != EMPTY {
             i = (i + 1) & self.mask;
         }
-        self.cells[i] = (tag_of(h) << 32) | u64::from(entry);
+        self.cells[i] = TAG.put(tag_of(h)) | ENTRY.put(u64::from(entry));
     }
 
     /// Removes `entry`, indexed under hash `h`; `hash_of(e)` must give the
@@ -372,19 +374,26 @@ fn keyed_hash(key: u64, id: &[u8]) -> u64 {
     h ^ (h >> 32)
 }
 
+/// A cell: the entry, and the top half of its id's hash as a tag (diagram
+/// above and in [`crate::design`], "Packed words").
+const ENTRY: Field = Field::new(0, 32);
+const TAG: Field = Field::above(ENTRY, 32);
+#[cfg(test)]
+pub(crate) const LAYOUT: [Field; 2] = [ENTRY, TAG];
+
 #[inline]
 fn tag_of(h: u64) -> u64 {
-    h >> 32
+    TAG.get(h)
 }
 
 #[inline]
 fn tag(cell: u64) -> u64 {
-    cell >> 32
+    TAG.get(cell)
 }
 
 #[inline]
 fn cell_entry(cell: u64) -> u32 {
-    cell as u32
+    ENTRY.get(cell) as u32
 }
 
 #[cfg(test)]

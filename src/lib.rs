@@ -78,6 +78,8 @@
 //!
 //! ## Modules
 //!
+//! - [`design`]: the design itself: roles, the life of a lease, the
+//!   invariants, the step contract, the packed words (documentation only).
 //! - [`config`]: settings, vLLM-compatible parsing, derived heartbeat interval and extension.
 //! - [`producer`]: the P side: [`PrefillScheduler`], [`PrefillRank`], and
 //!   [`LeaseBook`] (both in one process).
@@ -86,9 +88,9 @@
 //!   (the post-READ slot check that fails closed).
 //! - [`ipc`]: the bytes a scheduler and its workers exchange each step (P:
 //!   directives and rank reports; D: heartbeat plans and verify outcomes).
-//! - [`wheel`]: the fixed-capacity timing wheel behind expiry.
+//! - `wheel`: the fixed-capacity timing wheel behind expiry (internal).
 //! - [`slots`], [`slot_pool`], [`nonce`]: the exported lease words, their lock-free pool, nonces.
-//! - [`ids`]: inline request ids and their preallocated index.
+//! - `ids`: inline request ids and their preallocated index (internal).
 //! - [`wire`]: the notification codec (`HB:`, read-done with nonce, compact `HBC:`).
 //! - [`topology`]: heterogeneous TP rank mapping.
 //! - [`fabric`]: the one trait to the network; loopback and NIXL implementations.
@@ -111,41 +113,60 @@
 // src/sync.rs); unit tests may use them. The non-test build is still checked.
 #![cfg_attr(test, allow(clippy::disallowed_types))]
 
-pub mod clock_offset;
-pub mod clock_ping;
-mod collections;
+// ---- the design (docs only) ------------------------------------------------
+pub mod design;
+
+// ---- settings ---------------------------------------------------------------
 pub mod config;
-pub mod consumer;
-pub mod decoder_cache;
-pub mod fabric;
-pub mod ids;
-pub mod ipc;
-pub mod lease_fields;
-mod sync;
-pub mod time;
-pub mod topology;
-pub mod turn2_read;
-pub mod wheel;
-
 pub use config::{ConfigError, EngineShape, LeaseConfig, ParsedConfig};
-pub use fabric::{Fabric, FabricError};
-pub use time::{Instant, MonotonicClock};
-pub mod nonce;
-mod prefetch;
-pub mod producer;
-mod rng;
-pub mod slot_pool;
-pub mod slots;
-#[cfg(any(test, feature = "testkit"))]
-#[doc(hidden)]
-pub mod testkit;
-pub mod wire;
 
-pub use lease_fields::LeaseFields;
-pub use nonce::{Nonce, NonceSource};
+// ---- the P side: scheduler and worker roles ------------------------------------
+pub mod producer;
 pub use producer::{
     BookCounters, Grant, GrantError, LeaseBook, PrefillRank, PrefillScheduler, ReleaseReason,
     Released, Renewal,
 };
+
+// ---- the D side: tracker, sender, verifier ---------------------------------------
+pub mod consumer;
+
+// ---- bidirectional mode (turn-2 reads from D's cache) ------------------------------
+pub mod clock_offset;
+pub mod clock_ping;
+pub mod decoder_cache;
+pub mod turn2_read;
+
+// ---- between processes: role messages, notifications, the network ---------------
+pub mod fabric;
+pub use fabric::{Fabric, FabricError};
+pub mod ipc;
+pub mod topology;
+pub mod wire;
+
+// ---- the lease words and their values ------------------------------------------------
+pub mod lease_fields;
+pub mod nonce;
+pub mod slot_pool;
+pub mod slots;
+pub mod time;
+pub use lease_fields::LeaseFields;
+pub use nonce::{Nonce, NonceSource};
 pub use slot_pool::{SlotPool, SlotTicket};
 pub use slots::LeaseSlots;
+pub use time::{Instant, MonotonicClock};
+
+// ---- internals: users never touch these; public only for benches and loom --------
+#[doc(hidden)]
+pub mod ids;
+#[doc(hidden)]
+pub mod wheel;
+
+mod collections;
+mod pack;
+mod prefetch;
+mod rng;
+mod sync;
+
+#[cfg(any(test, feature = "testkit"))]
+#[doc(hidden)]
+pub mod testkit;

@@ -5,7 +5,7 @@
 //! read-done notification carries it so that P can tell a late notification
 //! for an earlier request with the same id from one for the current lease.
 //!
-//! Guarantees (DESIGN.md invariant 2):
+//! Guarantees ([`crate::design`] invariant 2):
 //! - **never 0**: 0 is what a free slot holds;
 //! - **never repeated within one source's life**: the source walks a counter
 //!   through a bijection of `u64`, so two draws differ until 2^64 draws;

@@ -35,6 +35,7 @@
 
 use crossbeam_utils::CachePadded;
 
+use crate::pack::Field;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 const NIL: u32 = u32::MAX;
@@ -60,14 +61,22 @@ pub struct SlotPool {
     next: Box<[AtomicU32]>,
 }
 
+/// The head word: the free list's first index, and a tag bumped on every
+/// pop so that a stale compare-and-swap fails (the ABA guard). Diagram in
+/// [`crate::design`], "Packed words".
+const INDEX: Field = Field::new(0, 32);
+const TAG: Field = Field::above(INDEX, 32);
+#[cfg(test)]
+pub(crate) const LAYOUT: [Field; 2] = [INDEX, TAG];
+
 #[inline]
 fn pack(tag: u32, index: u32) -> u64 {
-    (u64::from(tag) << 32) | u64::from(index)
+    TAG.put(u64::from(tag)) | INDEX.put(u64::from(index))
 }
 
 #[inline]
 fn unpack(word: u64) -> (u32, u32) {
-    ((word >> 32) as u32, word as u32)
+    (TAG.get(word) as u32, INDEX.get(word) as u32)
 }
 
 impl SlotPool {

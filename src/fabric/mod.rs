@@ -30,6 +30,7 @@ use core::fmt;
 pub use advert::{AdvertError, LeaseAdvert, PeerRecord, SlotRegion, ADVERT_LEN};
 pub use landing::LandingWords;
 
+use crate::pack::Field;
 use crate::slots::LeaseSlots;
 use crate::time::Instant;
 use std::sync::Arc;
@@ -52,6 +53,32 @@ pub struct RegionId(pub u32);
 /// An in-flight READ. Issued by the fabric; meaningful only to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct XferId(pub u64);
+
+/// How both fabrics pack an [`XferId`]: the index of the READ's table entry,
+/// and that entry's generation, bumped on every reuse so that a stale id
+/// never names a later READ (diagram in [`crate::design`], "Packed words").
+pub(crate) const XFER_INDEX: Field = Field::new(0, 32);
+/// See [`XFER_INDEX`].
+pub(crate) const XFER_GENERATION: Field = Field::above(XFER_INDEX, 32);
+#[cfg(test)]
+pub(crate) const XFER_LAYOUT: [Field; 2] = [XFER_INDEX, XFER_GENERATION];
+
+impl XferId {
+    /// The id of table entry `index` in its `generation`.
+    #[inline]
+    pub(crate) fn pack(generation: u32, index: u32) -> XferId {
+        XferId(XFER_GENERATION.put(u64::from(generation)) | XFER_INDEX.put(u64::from(index)))
+    }
+
+    /// (generation, index).
+    #[inline]
+    pub(crate) fn unpack(self) -> (u32, u32) {
+        (
+            XFER_GENERATION.get(self.0) as u32,
+            XFER_INDEX.get(self.0) as u32,
+        )
+    }
+}
 
 /// One contiguous piece of a READ: `len` bytes from `remote` at
 /// `remote_offset` into `local` at `local_offset`.

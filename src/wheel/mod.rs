@@ -10,7 +10,7 @@
 //! - Time is in ticks of a configured length; `now` comes from the caller.
 //!   A deadline is rounded *up* to a tick and `now` *down*, so an entry never
 //!   fires before its deadline, and fires at the first poll at least one tick
-//!   after it at the latest (DESIGN.md invariant 4).
+//!   after it at the latest ([`crate::design`] invariant 4).
 //! - Nothing allocates after [`TimerWheel::new`].
 //! - Insert and cancel are O(1). Renewal ([`TimerWheel::extend`]) is O(1)
 //!   and does not touch the lists: it only raises the entry's deadline.

@@ -79,6 +79,7 @@ mod inbox;
 mod liveness;
 mod memory;
 mod network;
+#[doc(hidden)]
 pub mod queue;
 mod reads;
 
@@ -97,6 +98,7 @@ use crate::fabric::{
     AgentId, ClockSample, Fabric, FabricError, HandshakeState, LandingWords, LeaseAdvert, PeerInfo,
     PeerRecord, ReadDesc, RegionId, SlotRegion, XferId, XferState,
 };
+use crate::pack::Field;
 use crate::slots::LeaseSlots;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use crate::time::Instant;
@@ -304,24 +306,32 @@ impl core::fmt::Debug for LoopbackNetwork {
     }
 }
 
-const ADVERT_PRESENT: u64 = 1 << 63;
-const ADVERT_COMPACT: u64 = 1 << 62;
+/// An agent's advert, one atomic word so that a handshake reads it whole:
+/// slot count, slot region, compact flag, present flag (diagram in
+/// [`crate::design`], "Packed words").
+const ADVERT_COUNT: Field = Field::new(0, 32);
+const ADVERT_REGION: Field = Field::above(ADVERT_COUNT, 30);
+const ADVERT_COMPACT: Field = Field::above(ADVERT_REGION, 1);
+const ADVERT_PRESENT: Field = Field::above(ADVERT_COMPACT, 1);
+#[cfg(test)]
+pub(crate) const ADVERT_LAYOUT: [Field; 4] =
+    [ADVERT_COUNT, ADVERT_REGION, ADVERT_COMPACT, ADVERT_PRESENT];
 
 fn pack_advert(region: RegionId, count: u32, compact: bool) -> u64 {
-    ADVERT_PRESENT
-        | if compact { ADVERT_COMPACT } else { 0 }
-        | u64::from(region.0 & 0x3FFF_FFFF) << 32
-        | u64::from(count)
+    ADVERT_PRESENT.put(1)
+        | ADVERT_COMPACT.put(u64::from(compact))
+        | ADVERT_REGION.put(u64::from(region.0))
+        | ADVERT_COUNT.put(u64::from(count))
 }
 
 fn unpack_advert(word: u64) -> (Option<RegionId>, u32, bool) {
-    if word & ADVERT_PRESENT == 0 {
+    if ADVERT_PRESENT.get(word) == 0 {
         return (None, 0, false);
     }
     (
-        Some(RegionId((word >> 32) as u32 & 0x3FFF_FFFF)),
-        word as u32,
-        word & ADVERT_COMPACT != 0,
+        Some(RegionId(ADVERT_REGION.get(word) as u32)),
+        ADVERT_COUNT.get(word) as u32,
+        ADVERT_COMPACT.get(word) != 0,
     )
 }
 

@@ -126,12 +126,12 @@ impl ReadTable {
         e.descs[..descs.len()].copy_from_slice(descs);
         e.desc_count = descs.len();
         e.notification_len = notification.map(<[u8]>::len);
-        Ok(XferId(u64::from(e.generation) << 32 | u64::from(index)))
+        Ok(XferId::pack(e.generation, index))
     }
 
     /// The active entry `id` names, if any.
     pub(crate) fn get(&self, id: XferId) -> Option<(u32, &ReadEntry)> {
-        let (generation, index) = ((id.0 >> 32) as u32, id.0 as u32);
+        let (generation, index) = id.unpack();
         self.entries
             .get(index as usize)
             .filter(|e| e.active && e.generation == generation)

@@ -304,7 +304,7 @@ impl Fabric for NixlFabric {
                 cached.last_used = self.use_counter;
                 self.reads_free.pop();
                 self.read_seq = self.read_seq.wrapping_add(1).max(1);
-                let id = (u64::from(self.read_seq) << 32) | u64::from(slot);
+                let id = XferId::pack(self.read_seq, slot).0;
                 self.reads[slot as usize] = Inflight {
                     id,
                     cache: ci,

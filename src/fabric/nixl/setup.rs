@@ -350,7 +350,7 @@ impl NixlFabric {
     }
 
     pub(super) fn read_index(&self, xfer: XferId) -> Option<usize> {
-        let i = (xfer.0 & 0xFFFF_FFFF) as usize;
+        let i = xfer.unpack().1 as usize;
         match self.reads.get(i) {
             Some(r) if r.id != 0 && r.id == xfer.0 => Some(i),
             _ => None,
