@@ -34,6 +34,12 @@ impl FreeStack {
         self.items.get(self.len as usize).copied()
     }
 
+    /// The index [`FreeStack::pop`] would take, left in place.
+    pub(crate) fn peek(&self) -> Option<u32> {
+        let top = self.len.checked_sub(1)?;
+        self.items.get(top as usize).copied()
+    }
+
     /// Gives an index back. Callers push only what they popped, so there is
     /// always room; a push beyond capacity is ignored (and a debug panic).
     pub(crate) fn push(&mut self, i: u32) {

@@ -10,6 +10,7 @@
 //! or forgotten after a restart is recognised as unknown instead of aliasing
 //! the next READ that reuses the entry.
 
+use crate::collections::FreeStack;
 use crate::fabric::{FabricError, ReadDesc, RegionId, XferId};
 use crate::time::Instant;
 
@@ -57,7 +58,7 @@ pub(crate) struct ReadTable {
     entries: Box<[ReadEntry]>,
     /// Free entry indices. Preallocated to the table's capacity and never
     /// grown past it, so pushes and pops do not allocate.
-    free: Vec<u32>,
+    free: FreeStack,
 }
 
 const EMPTY_DESC: ReadDesc = ReadDesc {
@@ -87,7 +88,7 @@ impl ReadTable {
                 })
                 .collect(),
             // Pop order is ascending index, which keeps ids predictable.
-            free: (0..capacity).rev().collect(),
+            free: FreeStack::full(capacity),
         }
     }
 

@@ -270,7 +270,7 @@ impl Fabric for NixlFabric {
                 self.check_desc(regions, d)?;
             }
         }
-        let Some(&slot) = self.reads_free.last() else {
+        let Some(slot) = self.reads_free.peek() else {
             return Err(FabricError::Full);
         };
         let peer = pi as u32;

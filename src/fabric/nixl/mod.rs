@@ -225,6 +225,7 @@ use super::{
     AgentId, ClockSample, Fabric, FabricError, HandshakeState, LandingWords, LeaseAdvert, PeerInfo,
     PeerRecord, ReadDesc, RegionId, SlotRegion, XferId, XferState,
 };
+use crate::collections::FreeStack;
 use crate::slots::LeaseSlots;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
@@ -303,6 +304,9 @@ fn check_config(config: &NixlConfig) -> Result<(), NixlInitError> {
     }
     if config.max_inflight_reads == 0 || config.max_inflight_reads > u32::MAX as usize {
         return Err(NixlInitError::BadConfig("max_inflight_reads"));
+    }
+    if config.max_cached_requests > u32::MAX as usize {
+        return Err(NixlInitError::BadConfig("max_cached_requests"));
     }
     Ok(())
 }
@@ -448,9 +452,9 @@ pub struct NixlFabric {
     // memory they cover; every nixl-sys object before the agent's last Arc.
     cache: Vec<Option<Cached>>,
     cache_index: HashMap<(u32, u64), Vec<usize>>,
-    cache_free: Vec<usize>,
+    cache_free: FreeStack,
     reads: Vec<Inflight>,
-    reads_free: Vec<u32>,
+    reads_free: FreeStack,
     regions: Vec<LocalRegion>,
     slot_arrays: Vec<Arc<LeaseSlots>>,
     /// Shares of the landing buffers registered with `register_landing`,

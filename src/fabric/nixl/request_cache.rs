@@ -14,7 +14,7 @@ impl NixlFabric {
                     self.cache_index.remove(&(c.peer, c.hash));
                 }
             }
-            self.cache_free.push(ci);
+            self.cache_free.push(ci as u32);
             drop(c);
         }
     }
@@ -33,7 +33,7 @@ impl NixlFabric {
         hash: u64,
         descs: &[ReadDesc],
     ) -> Result<usize, FabricError> {
-        let ci = match self.cache_free.pop() {
+        let ci = match self.cache_free.pop().map(|c| c as usize) {
             Some(ci) => ci,
             None => {
                 // Evict the least recently used idle request.
@@ -46,14 +46,14 @@ impl NixlFabric {
                     .map(|(_, i)| i)
                     .ok_or(FabricError::Full)?;
                 self.drop_cached(victim);
-                self.cache_free.pop().ok_or(FabricError::Full)?
+                self.cache_free.pop().ok_or(FabricError::Full)? as usize
             }
         };
         let built = self.build_request(peer as usize, descs);
         let req = match built {
             Ok(req) => req,
             Err(e) => {
-                self.cache_free.push(ci);
+                self.cache_free.push(ci as u32);
                 return Err(e);
             }
         };

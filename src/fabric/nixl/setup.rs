@@ -124,9 +124,9 @@ impl NixlFabric {
         let mut fabric = NixlFabric {
             cache: (0..cache_cap).map(|_| None).collect(),
             cache_index: HashMap::with_capacity(cache_cap),
-            cache_free: (0..cache_cap).rev().collect(),
+            cache_free: FreeStack::full(cache_cap as u32),
             reads: vec![FREE_READ; inflight],
-            reads_free: (0..inflight as u32).rev().collect(),
+            reads_free: FreeStack::full(inflight as u32),
             regions: Vec::new(),
             slot_arrays: Vec::new(),
             landing: Vec::new(),
