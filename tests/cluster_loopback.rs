@@ -7,6 +7,9 @@
 
 mod cluster;
 
+#[path = "support/pipes.rs"]
+mod pipes;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;

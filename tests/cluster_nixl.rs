@@ -17,6 +17,9 @@ mod cluster;
 #[path = "support/nixl_gate.rs"]
 mod nixl_gate;
 
+#[path = "support/pipes.rs"]
+mod pipes;
+
 use std::time::Duration;
 
 use cluster::process::{

@@ -25,6 +25,9 @@ mod embed;
 #[path = "support/nixl_gate.rs"]
 mod nixl_gate;
 
+#[path = "support/pipes.rs"]
+mod pipes;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
@@ -32,7 +35,7 @@ use std::time::Duration;
 
 use kvlease::fabric::nixl::{agents_created, NixlConfig, NixlFabric};
 use kvlease::fabric::Fabric;
-use kvlease::{Instant, LeaseFields, MonotonicClock, Nonce, ReleaseReason};
+use kvlease::{Instant, LeaseFields, MonotonicClock, Nonce};
 use nixl_sys::{
     Agent, AgentConfig, MemType, NixlRegistration, NotificationMap, OptArgs, SystemStorage,
     ThreadSync, XferDescList, XferOp, XferRequest, XferStatus,
@@ -42,6 +45,7 @@ use embed::{
     DWorker, Deployment, EngineAgent, EngineHello, LoadState, PEvent, PWorker, RemoteKv, KV_LEN,
 };
 use nixl_gate::{nixl_or_skip, say};
+use pipes::{hex, parse_reason, reason_text, unhex};
 
 const CHILD_ENV: &str = "KVLEASE_EMBED_CHILD";
 const STEP: Duration = Duration::from_millis(2);
@@ -190,34 +194,6 @@ fn kvlease_config(clock: MonotonicClock) -> NixlConfig {
     c
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
-fn reason_text(r: ReleaseReason) -> &'static str {
-    match r {
-        ReleaseReason::ReadDone => "read",
-        ReleaseReason::Expired => "expired",
-        ReleaseReason::Cancelled => "cancelled",
-    }
-}
-
-fn parse_reason(s: &str) -> Option<ReleaseReason> {
-    Some(match s {
-        "read" => ReleaseReason::ReadDone,
-        "expired" => ReleaseReason::Expired,
-        "cancelled" => ReleaseReason::Cancelled,
-        _ => return None,
-    })
-}
-
 fn event_line(e: &PEvent) -> String {
     match e {
         PEvent::Renewed(n) => format!("KVE ev renewed {n}"),
@@ -252,16 +228,7 @@ fn p_main() {
     };
     emit(format!("KVE agents {}", agents_created()));
     emit(format!("KVE hello {}", hex(&p.hello().encode())));
-    let (tx, rx) = mpsc::channel::<Option<String>>();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines() {
-            let Ok(line) = line else { break };
-            if tx.send(Some(line)).is_err() {
-                return;
-            }
-        }
-        let _ = tx.send(None);
-    });
+    let rx = pipes::stdin_lines();
     let start = std::time::Instant::now();
     while start.elapsed() < Duration::from_secs(60) {
         let now = clock.now();

@@ -27,6 +27,9 @@ mod protocol;
 #[path = "support/nixl_gate.rs"]
 mod nixl_gate;
 
+#[path = "support/pipes.rs"]
+mod pipes;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -184,16 +187,7 @@ fn d_child() {
     let config = protocol::lease_config();
     let mut sender = protocol::d_sender(fabric("d-child", clock), &config);
     let mut d = Decode::new(&config);
-    let (tx, rx) = mpsc::channel::<Option<String>>();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines() {
-            let Ok(line) = line else { break };
-            if tx.send(Some(line)).is_err() {
-                return;
-            }
-        }
-        let _ = tx.send(None);
-    });
+    let rx = pipes::stdin_lines();
     println!("{READY_LINE}");
     std::io::stdout().flush().unwrap();
     let mut endpoint: Option<(String, u16)> = None;

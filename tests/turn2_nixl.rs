@@ -28,6 +28,9 @@
 #[path = "support/nixl_gate.rs"]
 mod nixl_gate;
 
+#[path = "support/pipes.rs"]
+mod pipes;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -109,16 +112,7 @@ fn d_child() {
     let p_addr = std::env::var(P_ADDR_ENV).expect("P's address");
     let to_p = f.start_handshake(&p_addr, clock.now()).unwrap();
     let mut p_ready = false;
-    let (tx, rx) = mpsc::channel::<Option<String>>();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines() {
-            let Ok(line) = line else { break };
-            if tx.send(Some(line)).is_err() {
-                return;
-            }
-        }
-        let _ = tx.send(None);
-    });
+    let rx = pipes::stdin_lines();
     let addr = f.listen_addr();
     println!("{READY} {addr} {}", kv_region.0);
     std::io::stdout().flush().unwrap();

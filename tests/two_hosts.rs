@@ -34,6 +34,9 @@ mod cluster;
 #[path = "support/nixl_gate.rs"]
 mod nixl_gate;
 
+#[path = "support/pipes.rs"]
+mod pipes;
+
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::MutexGuard;

@@ -35,6 +35,7 @@ impl FreeStack {
     }
 
     /// The index [`FreeStack::pop`] would take, left in place.
+    #[cfg_attr(not(feature = "nixl"), allow(dead_code))] // the NIXL fabric's
     pub(crate) fn peek(&self) -> Option<u32> {
         let top = self.len.checked_sub(1)?;
         self.items.get(top as usize).copied()

@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::pipes::{parse_reason, reason_text};
 use kvlease::consumer::{
     EngineKey, HeartbeatSender, HeartbeatTracker, LeaseVerifier, RemotePrefillParams, SenderConfig,
     Verdict, VerifyTarget,
@@ -264,23 +265,6 @@ pub enum Event {
     Loaded(String, String),
     /// D scheduler: the outcome applied to `d_id`.
     Outcome(String, String),
-}
-
-fn reason_text(r: ReleaseReason) -> &'static str {
-    match r {
-        ReleaseReason::ReadDone => "read",
-        ReleaseReason::Expired => "expired",
-        ReleaseReason::Cancelled => "cancelled",
-    }
-}
-
-fn parse_reason(s: &str) -> Option<ReleaseReason> {
-    Some(match s {
-        "read" => ReleaseReason::ReadDone,
-        "expired" => ReleaseReason::Expired,
-        "cancelled" => ReleaseReason::Cancelled,
-        _ => return None,
-    })
 }
 
 /// A verdict as one word.

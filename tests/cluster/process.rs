@@ -40,6 +40,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use kvlease::fabric::nixl::{NixlConfig, NixlFabric};
 use kvlease::{Instant, MonotonicClock};
 
+use crate::pipes::{self, hex, unhex};
+
 use super::{
     Cluster, Cmd, DSchedNode, DWorkerNode, Event, Node, Outbox, PRankNode, PSchedNode, Role,
     Stamped, P_TP,
@@ -51,17 +53,6 @@ pub const ROLE_ENV: &str = "KVLEASE_CLUSTER_ROLE";
 pub const LISTEN_IP_ENV: &str = "KVLEASE_LISTEN_IP";
 /// A child gives up after this long, whatever happens.
 const CHILD_LIFETIME: Duration = Duration::from_secs(240);
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
-}
 
 /// The wall clock in ns since the Unix epoch: comparable across the
 /// processes of one machine (network namespaces share it).
@@ -180,16 +171,7 @@ pub fn child_main(role: Role) {
             (Box::new(DWorkerNode::new(f, &config)), Some(addr))
         }
     };
-    let (tx, rx) = mpsc::channel::<Option<String>>();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines() {
-            let Ok(line) = line else { break };
-            if tx.send(Some(line)).is_err() {
-                return;
-            }
-        }
-        let _ = tx.send(None);
-    });
+    let rx = pipes::stdin_lines();
     let event_line = |e: &Event| format!("KVL ev {} {e}", wall_ns());
     emit(&[event_line(&Event::Ready(
         role,
