@@ -1,0 +1,1 @@
+//! Replays model traces on the real roles.
