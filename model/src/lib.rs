@@ -1026,7 +1026,7 @@ fn normalize(s: &mut State) {
                 let rank_state = &s.ranks[usize::from(rank)];
                 if nonce.epoch != s.sched.epoch
                     || !rank_state.alive
-                    || !rank_state.held[usize::from(req)].is_some_and(|l| l.nonce == nonce)
+                    || rank_state.held[usize::from(req)].is_none_or(|l| l.nonce != nonce)
                 {
                     continue;
                 }
