@@ -276,12 +276,10 @@ impl Replay {
         let tickets = &mut self.tickets;
         let drained = &mut self.drained;
         self.sched.drain_released(|rel| {
+            // Every released id is one of ours (the replay grants no other).
             if let Some(i) = ids.iter().position(|x| x == rel.request_id) {
                 drained[i] = Some((rel.reason, rel.slot.as_ref().map(SlotTicket::slot)));
                 tickets[i] = rel.slot;
-            } else if let Some(t) = rel.slot {
-                // Unreachable: every id is one of ours. Keep the slot.
-                std::mem::forget(t);
             }
         });
     }
