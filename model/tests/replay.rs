@@ -103,3 +103,31 @@ fn the_counterexample_is_a_trace_of_the_real_roles() {
     }
     println!("replayed on the real mutated roles: they agree at every step");
 }
+
+/// The replay tells the bugs apart: on the correct real roles, the
+/// counterexample of every model mutant stops replaying at a step where the
+/// real roles behave differently (so agreement above means something).
+#[test]
+fn a_mutant_counterexample_does_not_replay_on_the_correct_roles() {
+    if Replay::mutant().is_some() {
+        println!("real roles mutated in this build: see the test above");
+        return;
+    }
+    let bound = Bound {
+        d_crashes: 0,
+        rank_crashes: 0,
+        p_restarts: 0,
+        ..Bound::CI[1].1
+    };
+    for mutant in kvlease_model::Mutant::ALL {
+        let model = ProtocolModel::new(bound, Some(mutant));
+        let report = kvlease_model::check(model.clone(), 2);
+        let Some(trace) = report.discoveries.get(mutant.breaks()) else {
+            panic!("mutant {mutant:?}: no counterexample");
+        };
+        match replay_trace(&model.initial(), trace, bound.requests, bound.slots) {
+            Ok(()) => panic!("the correct roles replayed the {mutant:?} counterexample"),
+            Err(e) => println!("mutant {mutant:?}: the correct roles differ at {e}"),
+        }
+    }
+}
