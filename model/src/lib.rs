@@ -243,6 +243,8 @@ pub enum Phase {
 /// The scheduler's view of one request's lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SLease {
+    /// The lease's entry (its slot, or one past the slots when it has none).
+    pub entry: u8,
     /// The lease's slot, if P had one free.
     pub slot: Option<u8>,
     /// The lease's nonce.
@@ -266,6 +268,8 @@ pub struct Sched {
     /// Free slots; the top is the last (the real pool hands out the most
     /// recently returned slot first).
     pub pool: Vec<u8>,
+    /// Free entries for leases without a slot (reused once drained).
+    pub unslotted: Vec<u8>,
     /// Per request: its lease, once granted (by any instance).
     pub leases: Vec<Option<SLease>>,
     /// A rank of this instance died: no new grants until P restarts.
@@ -277,6 +281,8 @@ pub struct Sched {
 /// One rank's share of a lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RLease {
+    /// The lease's entry.
+    pub entry: u8,
     /// The lease's nonce.
     pub nonce: N,
     /// Its slot.
@@ -463,11 +469,19 @@ impl ProtocolModel {
         ProtocolModel { bound, mutant }
     }
 
+    /// `kv_lease_capacity`: every request may be live at once.
+    pub fn capacity(&self) -> u8 {
+        self.bound.requests.max(self.bound.slots)
+    }
+
     fn fresh_sched(&self, epoch: u8, leases: Vec<Option<SLease>>) -> Sched {
         Sched {
             epoch,
             draws: 0,
             pool: (0..self.bound.slots).rev().collect(),
+            unslotted: (self.bound.slots..self.bound.slots + self.capacity())
+                .rev()
+                .collect(),
             leases,
             degraded: false,
             lost_pending: [false; RANKS],
@@ -516,10 +530,26 @@ impl ProtocolModel {
             .collect()
     }
 
+    /// Where a fair run ends: no step but a fault is enabled. Faults (loss,
+    /// duplication, crashes, restart) may happen, never must: a run that
+    /// has nothing left to do but fail is over (the states after a fault
+    /// are checked on their own).
     fn quiescent(&self, s: &State) -> bool {
         let mut actions = Vec::new();
         self.actions(s, &mut actions);
-        actions.into_iter().all(|a| self.next_state(s, a).is_none())
+        actions
+            .into_iter()
+            .filter(|a| {
+                !matches!(
+                    a,
+                    Action::Drop(_)
+                        | Action::Duplicate(_)
+                        | Action::CrashD
+                        | Action::CrashRank(_)
+                        | Action::RestartP
+                )
+            })
+            .all(|a| self.next_state(s, a).is_none())
     }
 }
 
@@ -589,6 +619,10 @@ impl ProtocolModel {
         if reports < all {
             return;
         }
+        if l.slot.is_none() {
+            // The drain gives an unslotted entry straight back.
+            sched.unslotted.push(l.entry);
+        }
         let ticket = if self.mutant == Some(Mutant::ReuseBeforeFree) {
             if let Some(t) = l.slot {
                 sched.pool.push(t);
@@ -650,15 +684,35 @@ impl Model for ProtocolModel {
                 };
                 s.sched.draws += 1;
                 let slot = s.sched.pool.pop();
+                let entry = match slot {
+                    Some(slot) => slot,
+                    None => s.sched.unslotted.pop()?,
+                };
                 s.sched.leases[usize::from(i)] = Some(SLease {
+                    entry,
                     slot,
                     nonce,
                     reported: [false; RANKS],
                     reason: None,
                     phase: Phase::Held,
                 });
-                for rank in s.ranks.iter_mut().filter(|r| r.alive) {
+                for r in 0..RANKS {
+                    if !s.ranks[r].alive {
+                        continue;
+                    }
+                    // A rank still holding the entry (only a bug gets here:
+                    // an entry is reused once every rank let go) lets the
+                    // old lease go first, as the real rank does.
+                    let stale = s.ranks[r]
+                        .held
+                        .iter()
+                        .position(|h| h.is_some_and(|l| l.entry == entry));
+                    if let Some(old) = stale {
+                        self.rank_release(&mut s, r, old, ReleaseReason::Cancelled);
+                    }
+                    let rank = &mut s.ranks[r];
                     rank.held[usize::from(i)] = Some(RLease {
+                        entry,
                         nonce,
                         slot,
                         left: DURATION_TICKS,
@@ -914,7 +968,7 @@ impl Model for ProtocolModel {
             // Liveness under fairness: the model is finite and every path
             // ends (each message and fault comes out of a budget, time only
             // runs down), so "eventually" is checked where a fair run ends:
-            // in every quiescent state, where nothing is enabled any more.
+            // in every quiescent state, where no step but a fault is enabled.
             // (stateright's `eventually` misses counterexamples that end at a
             // state reached before by another path; this check does not.)
             Property::always(PROP_LIVE_D_CRASH, |m: &ProtocolModel, s: &State| {
@@ -941,6 +995,25 @@ impl Model for ProtocolModel {
                             }
                         )
                     })
+                },
+            ),
+            // The liveness checks are not vacuous: fair runs do end, both ways.
+            Property::sometimes(
+                "a run ends with D alive and every request read or expired",
+                |m: &ProtocolModel, s: &State| {
+                    s.d.alive
+                        && s.sched.leases.iter().all(Option::is_some)
+                        && all_read_or_expired(s)
+                        && m.quiescent(s)
+                },
+            ),
+            Property::sometimes(
+                "a run ends after a D crash with every block freed",
+                |m: &ProtocolModel, s: &State| {
+                    !s.d.alive
+                        && s.sched.leases.iter().any(Option::is_some)
+                        && all_blocks_freed(s)
+                        && m.quiescent(s)
                 },
             ),
             Property::sometimes("a slot is reused by a second lease", |_, s: &State| {

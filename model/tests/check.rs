@@ -33,6 +33,20 @@ fn every_property_holds_to_the_ci_bound() {
                 "[{name}] never happened: {example}"
             );
         }
+        assert!(
+            report
+                .discoveries
+                .contains_key("a run ends with D alive and every request read or expired"),
+            "[{name}] no fair run ended: the liveness check is vacuous"
+        );
+        if bound.d_crashes > 0 {
+            assert!(
+                report
+                    .discoveries
+                    .contains_key("a run ends after a D crash with every block freed"),
+                "[{name}] no run ended after a D crash: the liveness check is vacuous"
+            );
+        }
         assert!(report.unique_states > 10_000, "[{name}] suspiciously small");
     }
 }
