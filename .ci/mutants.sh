@@ -14,8 +14,9 @@
 # The protocol model (model/, stateright) must find each bug too: built with
 # the same cfg, its replay test checks the model's counterexample for the
 # mirrored model mutant step by step against the mutated real roles
-# (model/tests/replay.rs). A debug build: the search is small, the build is
-# what costs (about a minute each on the 2-core VM).
+# (model/tests/replay.rs). Release, as above: a debug build of the mutated
+# roles trips their own debug assertions first (zero_after_report: "slot
+# published while held"). Each costs a build, about 1.5 min on the 2-core VM.
 #
 # Own target dir: the cfg rebuilds everything and must not evict the normal build.
 set -uo pipefail
@@ -39,7 +40,7 @@ done
 for m in zero_after_report reuse_before_free free_on_first_report; do
     log="target/mutants/model_${m}.log"
     if ! RUSTFLAGS="--cfg kvlease_mutant=\"${m}\"" CARGO_TARGET_DIR=target/mutants-model \
-        cargo test -p kvlease-model --test replay -- --nocapture >"$log" 2>&1; then
+        cargo test --release -p kvlease-model --test replay -- --nocapture >"$log" 2>&1; then
         echo "model mutant run ${m} failed (see ${log})"
         grep -m1 -A3 "panicked at" "$log" || tail -20 "$log"
         status=1
