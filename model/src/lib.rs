@@ -143,7 +143,8 @@ pub const PROP_LIVE_D_ALIVE: &str = "with a live D every request is eventually r
 /// The model's bound and budgets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bound {
-    /// Requests P may prefill (each granted at most once).
+    /// Requests P may prefill (each granted at most once); at most 8 (a
+    /// heartbeat names them in a bit mask).
     pub requests: u8,
     /// Lease slots each P rank exports (fewer than requests: slots are reused).
     pub slots: u8,
@@ -1121,7 +1122,7 @@ fn send_read_done(net: &mut BTreeMap<Msg, u8>, req: u8, nonce: N) {
 /// No two leases whose blocks are not freed share a slot (a drained lease
 /// whose ticket went back early still has unfreed blocks).
 fn slot_owners_ok(s: &State) -> bool {
-    let mut owner: Vec<bool> = vec![false; s.sched.pool.len() + s.sched.leases.len() + 8];
+    let mut owner = [false; 256];
     for l in s.sched.leases.iter().flatten() {
         if l.nonce.epoch != s.sched.epoch || matches!(l.phase, Phase::Freed | Phase::Lost) {
             continue;
