@@ -24,6 +24,18 @@
 //! [`kvlease::NonceSource`]'s draws (see [`nonce_of`]), and release reasons
 //! combine with the real [`ReleaseReason::combine`].
 //!
+//! # Network
+//!
+//! Notifications between P and D (`kv_transfer_params` through the router,
+//! `HB:`, read-done) sit in a multiset: any may be delivered next (reorder),
+//! and within [`Bound`]'s budgets one may be lost or duplicated at any time,
+//! the semantics of stateright's unordered, lossy, duplicating networks. A
+//! plain [`Model`] rather than stateright's `ActorModel` keeps the budgets,
+//! the ghost state and the no-op pruning of [`State::net`] in one place:
+//! a notification that can no longer change anything (to a dead process, a
+//! gone P instance, a lease the rank no longer holds) is dropped from the
+//! state, so states that differ only in it are one.
+//!
 //! # Time
 //!
 //! The model keeps no absolute clock (so its state space is finite): each
