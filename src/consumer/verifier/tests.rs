@@ -446,7 +446,10 @@ fn window_reads_repeat_the_same_descriptor_whatever_the_slots() {
     }
     let mut v = LeaseVerifier::new(&mut f, 8, 2).unwrap();
     let mut rng = 7u64;
-    for round in 0..50u64 {
+    // Under miri each 8 KiB window read is interpreted byte by byte: 8
+    // rounds (both agents are hit from round 1) keep the CI step short.
+    let rounds: u64 = if cfg!(miri) { 8 } else { 50 };
+    for round in 0..rounds {
         // 1 to 3 random live slots per step, on either agent.
         for _ in 0..1 + round % 3 {
             rng = rng
@@ -468,7 +471,7 @@ fn window_reads_repeat_the_same_descriptor_whatever_the_slots() {
             distinct.push(r);
         }
     }
-    assert!(f.reads.len() >= 50, "{} reads", f.reads.len());
+    assert!(f.reads.len() as u64 >= rounds, "{} reads", f.reads.len());
     assert_eq!(
         distinct.len(),
         2,
