@@ -5,33 +5,55 @@
 //! SplitMix64 (Steele, Lea, Flood 2014) is tiny, fast and good enough to
 //! pick faults and test inputs. It is not for anything adversarial (nonces
 //! come from `nonce.rs`, keyed from the OS).
+//!
+//! Integration tests, benches and the fuzz harnesses reach it as
+//! `kvlease::testkit::SplitMix64` (feature `testkit`), so the whole tree
+//! has one test generator.
 
 /// A SplitMix64 stream. See the module docs.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct SplitMix64(u64);
+pub struct SplitMix64(u64);
 
 impl SplitMix64 {
     /// A stream starting from `seed`.
-    pub(crate) fn new(seed: u64) -> SplitMix64 {
+    pub fn new(seed: u64) -> SplitMix64 {
         SplitMix64(seed)
     }
 
     /// The next 64 random bits.
-    pub(crate) fn next_u64(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         mix64(self.0)
     }
 
     /// A draw in `0..n` (`n > 0`; the modulo bias is irrelevant at test
     /// sizes).
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
+    #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
+    pub fn below(&mut self, n: u64) -> u64 {
         debug_assert!(n > 0);
         self.next_u64() % n.max(1)
     }
 
+    /// The next 32 random bits (the high half, SplitMix64's better one).
+    #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
+    pub fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+
+    /// A uniform draw in `[0, 1)` with 53 bits of precision.
+    #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
+    pub fn unit_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// True with probability `p` (clamped to `[0, 1]`).
+    #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
+    pub fn chance(&mut self, p: f64) -> bool {
+        self.unit_f64() < p
+    }
+
     /// Folds `v` into the state: a keyed stream for (seed, v1, v2, ...).
-    pub(crate) fn absorb(mut self, v: u64) -> SplitMix64 {
+    pub fn absorb(mut self, v: u64) -> SplitMix64 {
         self.0 = mix64(self.0 ^ mix64(v.wrapping_add(0xD1B5_4A32_D192_ED03)));
         self
     }
@@ -59,5 +81,8 @@ mod tests {
         );
         let mut r = SplitMix64::new(3);
         assert!((0..1000).all(|_| r.below(10) < 10));
+        assert!((0..1000).all(|_| (0.0..1.0).contains(&r.unit_f64())));
+        let hits = (0..10_000).filter(|_| r.chance(0.25)).count();
+        assert!((2_000..3_000).contains(&hits), "{hits}");
     }
 }

@@ -45,6 +45,10 @@ use crate::slot_pool::{SlotPool, SlotTicket};
 use crate::slots::LeaseSlots;
 use crate::time::Instant;
 
+/// The crate's one seeded test generator (see `src/rng.rs`), for
+/// integration tests, benches and fuzz harnesses.
+pub use crate::rng::SplitMix64;
+
 /// Distinct request ids the operations draw from; the last one is too long.
 const IDS: usize = 12;
 
