@@ -3,6 +3,8 @@
 //! baseline measured in the same run (the house rule: speed claims are
 //! ratios against a naive baseline).
 //!
+//! Read-dones are measured the same way (256 encoded one by one).
+//!
 //! Text ids look like vLLM's (`cmpl-<uuid>-0`, 43 bytes). Run with
 //! `cargo bench --bench wire`; throughput is in message bytes.
 
@@ -206,5 +208,38 @@ fn bench_compact(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_heartbeat, bench_compact);
+/// 256 read-dones (`id:consumers:nonce=<hex>`), each encoded into one
+/// reused buffer, against `format!`. The consumer counts are the engine
+/// shapes' (1 to 16 D ranks reading one P rank's blocks).
+fn bench_read_done(c: &mut Criterion) {
+    let ids: Vec<String> = (0..ENTRIES).map(|i| format!("cmpl-{i:032x}-0")).collect();
+    let consumers = |i: usize| [1u32, 2, 4, 8, 16, 1, 3, 12][i % 8];
+    let nonce = |i: usize| Nonce::new(0x9e37_79b9_0000_0001 ^ i as u64).expect("odd");
+    let mut g = c.benchmark_group("wire/read_done_encode_256");
+    configure(&mut g);
+    let mut out = vec![0u8; 256];
+    g.bench_function("kvlease", |b| {
+        b.iter(|| {
+            let mut len = 0;
+            for (i, id) in black_box(&ids).iter().enumerate() {
+                len += wire::encode_read_done(id, consumers(i), Some(nonce(i)), &mut out)
+                    .expect("encode");
+            }
+            len
+        })
+    });
+    g.bench_function("naive_format", |b| {
+        b.iter(|| {
+            let mut len = 0;
+            for (i, id) in black_box(&ids).iter().enumerate() {
+                let m = format!("{id}:{}:nonce={:016x}", consumers(i), nonce(i).get());
+                len += black_box(m).len();
+            }
+            len
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_heartbeat, bench_compact, bench_read_done);
 criterion_main!(benches);
