@@ -154,7 +154,7 @@ pub fn read_done_len(request_id: &str, consumers: u32, nonce: Option<Nonce>) -> 
     };
     request_id
         .len()
-        .saturating_add(1 + decimal_len(consumers) + nonce_len)
+        .saturating_add(1 + itoa::Buffer::new().format(consumers).len() + nonce_len)
 }
 
 /// Encodes a read-done (`id:consumers`, or `id:consumers:nonce=<hex>` when
@@ -183,11 +183,18 @@ pub fn encode_read_done(
     if misrouted(HEARTBEAT_PREFIX) || misrouted(COMPACT_HEARTBEAT_PREFIX) {
         return Err(WireError::AmbiguousId);
     }
-    let len = read_done_len(request_id, consumers, nonce);
+    let mut decimal = itoa::Buffer::new();
+    let digits = decimal.format(consumers).as_bytes();
+    let nonce_len = match nonce {
+        Some(_) => READ_DONE_NONCE_TAG.len() + NONCE_HEX_LEN,
+        None => 0,
+    };
+    // The same sum as `read_done_len`, without formatting the count twice.
+    let len = id.len().saturating_add(1 + digits.len() + nonce_len);
+    debug_assert_eq!(len, read_done_len(request_id, consumers, nonce));
     let buf = out.get_mut(..len).ok_or(WireError::BufferTooSmall)?;
     let mut w = Cursor::new(buf);
-    let (digits, n) = encode_decimal(consumers);
-    let mut ok = w.put(id) && w.put(b":") && w.put(digits.get(n..).unwrap_or_default());
+    let mut ok = w.put(id) && w.put(b":") && w.put(digits);
     if let Some(nonce) = nonce {
         ok = ok && w.put(READ_DONE_NONCE_TAG) && w.put(&encode_u64_hex(nonce.get()));
     }
@@ -238,30 +245,6 @@ impl<'b> Cursor<'b> {
     #[inline]
     fn clear(&mut self) {
         self.pos = 0;
-    }
-}
-
-pub(super) fn decimal_len(mut v: u32) -> usize {
-    let mut n = 1;
-    while v >= 10 {
-        v /= 10;
-        n += 1;
-    }
-    n
-}
-
-/// `v` in decimal, right-aligned in the array; the digits are `[start..]`.
-pub(super) fn encode_decimal(mut v: u32) -> ([u8; 10], usize) {
-    let mut out = [0u8; 10];
-    let mut i = out.len();
-    loop {
-        i -= 1;
-        // `v % 10 < 10`, so the cast is exact.
-        out[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            return (out, i);
-        }
     }
 }
 

@@ -146,9 +146,11 @@ fn decimal_roundtrip() {
         1_000_000_000,
         u32::MAX,
     ] {
-        let (d, i) = encode_decimal(v);
-        assert_eq!(&d[i..], v.to_string().as_bytes());
-        assert_eq!(decimal_len(v), v.to_string().len());
-        assert_eq!(parse_consumers(&d[i..]), Ok(v));
+        let id = "r";
+        let mut out = [0u8; 32];
+        let n = encode_read_done(id, v, None, &mut out).unwrap();
+        assert_eq!(&out[..n], format!("r:{v}").as_bytes());
+        assert_eq!(read_done_len(id, v, None), n);
+        assert_eq!(parse_consumers(&out[2..n]), Ok(v));
     }
 }
