@@ -204,10 +204,10 @@
 //! arguments are not, and the UCX workers of the engine-loop mode are
 //! single-threaded. Build it on the thread that runs the engine loop.
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::HashMap;
 use std::fmt;
 use std::hash::{Hash, Hasher};
+
+use rustc_hash::{FxHashMap, FxHasher};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -451,7 +451,9 @@ pub struct NixlFabric {
     // Field order is drop order: requests before registrations before the
     // memory they cover; every nixl-sys object before the agent's last Arc.
     cache: Vec<Option<Cached>>,
-    cache_index: HashMap<(u32, u64), Vec<usize>>,
+    /// Keys are our own descriptor hashes, not attacker-chosen: FxHash, not
+    /// SipHash (`benches/fabric.rs`, the 64-descriptor READ).
+    cache_index: FxHashMap<(u32, u64), Vec<usize>>,
     cache_free: FreeStack,
     reads: Vec<Inflight>,
     reads_free: FreeStack,

@@ -94,7 +94,7 @@ impl NixlFabric {
 }
 
 pub(super) fn desc_hash(descs: &[ReadDesc]) -> u64 {
-    let mut h = DefaultHasher::new();
+    let mut h = FxHasher::default();
     for d in descs {
         (
             d.local.0,

@@ -123,7 +123,7 @@ impl NixlFabric {
         let cache_cap = config.max_cached_requests.max(inflight);
         let mut fabric = NixlFabric {
             cache: (0..cache_cap).map(|_| None).collect(),
-            cache_index: HashMap::with_capacity(cache_cap),
+            cache_index: FxHashMap::with_capacity_and_hasher(cache_cap, Default::default()),
             cache_free: FreeStack::full(cache_cap as u32),
             reads: vec![FREE_READ; inflight],
             reads_free: FreeStack::full(inflight as u32),
