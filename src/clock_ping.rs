@@ -67,7 +67,6 @@
 //! # Ok::<(), clock_ping::ClockMsgError>(())
 //! ```
 
-use core::fmt;
 use core::time::Duration;
 
 use crate::fabric::{ClockSample, PeerInfo};
@@ -100,28 +99,19 @@ pub enum ClockMessage {
 }
 
 /// What is wrong with a clock message (or a request to encode one).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClockMsgError {
     /// The body after the prefix is not exactly 16 (ping) or 32 (pong) bytes.
+    #[error("clock message body has the wrong length")]
     BadLength,
     /// A field has a byte that is not a hex digit.
+    #[error("clock message field is not hex")]
     NotHex,
     /// Encoder: the output buffer is too short.
+    #[error("buffer too small for the clock message")]
     BufferTooSmall,
 }
-
-impl fmt::Display for ClockMsgError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ClockMsgError::BadLength => "clock message body has the wrong length",
-            ClockMsgError::NotHex => "clock message field is not hex",
-            ClockMsgError::BufferTooSmall => "buffer too small for the clock message",
-        })
-    }
-}
-
-impl std::error::Error for ClockMsgError {}
 
 /// Whether a ping may be sent to the peer a handshake described: only to a
 /// kvlease peer (one that advertises compact heartbeats). A vLLM peer would

@@ -58,7 +58,6 @@
 //! None after construction: `keep`, directives, reports, expiry and the
 //! drain are the P roles' zero-allocation paths (`tests/bidir_alloc.rs`).
 
-use core::fmt;
 use core::time::Duration;
 use std::sync::Arc;
 
@@ -175,25 +174,16 @@ pub fn expiry_time_param(expiry: Instant) -> f64 {
 }
 
 /// Why a `remote_blocks_expiry_time` could not be read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ExpiryParamError {
     /// NaN or infinite.
+    #[error("remote_blocks_expiry_time is not a finite number")]
     NotFinite,
     /// Below zero: no instant of our clocks.
+    #[error("remote_blocks_expiry_time is negative")]
     Negative,
 }
-
-impl fmt::Display for ExpiryParamError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ExpiryParamError::NotFinite => "remote_blocks_expiry_time is not a finite number",
-            ExpiryParamError::Negative => "remote_blocks_expiry_time is negative",
-        })
-    }
-}
-
-impl std::error::Error for ExpiryParamError {}
 
 /// Reads a `remote_blocks_expiry_time` (outside input: it crossed a router).
 /// Rounds down to the nanosecond, so the deadline P compares with is never

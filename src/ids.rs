@@ -44,11 +44,13 @@ const EMPTY: u64 = u64::MAX;
 
 /// Why an id was refused.
 #[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IdError {
     /// The id is the empty string.
+    #[error("empty request id")]
     Empty,
     /// The id is longer than the configured maximum.
+    #[error("request id of {len} bytes exceeds the limit of {max}")]
     TooLong {
         /// Its length in bytes.
         len: usize,
@@ -56,25 +58,12 @@ pub enum IdError {
         max: usize,
     },
     /// The id is already in the table.
+    #[error("request id already present")]
     Duplicate,
     /// The entry index is out of range or already holds an id.
+    #[error("entry index out of range or in use")]
     BadEntry,
 }
-
-impl core::fmt::Display for IdError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            IdError::Empty => f.write_str("empty request id"),
-            IdError::TooLong { len, max } => {
-                write!(f, "request id of {len} bytes exceeds the limit of {max}")
-            }
-            IdError::Duplicate => f.write_str("request id already present"),
-            IdError::BadEntry => f.write_str("entry index out of range or in use"),
-        }
-    }
-}
-
-impl std::error::Error for IdError {}
 
 /// The id -> entry index without id storage. See the module docs.
 ///

@@ -43,14 +43,14 @@
 //! here a size that is zero or does not divide the other is a
 //! [`TopologyError`], as is a rank outside `0..local_tp`.
 
-use core::fmt;
 use core::iter::FusedIterator;
 
 /// Why a TP pair or a rank was refused.
 #[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TopologyError {
     /// A TP size is 0.
+    #[error("tensor-parallel size 0 (local tp {local_tp}, remote tp {remote_tp})")]
     ZeroTp {
         /// The local (D) TP size.
         local_tp: u32,
@@ -59,6 +59,7 @@ pub enum TopologyError {
     },
     /// The larger TP size is not a multiple of the smaller one, so ranks do
     /// not map onto whole groups.
+    #[error("local tp {local_tp} and remote tp {remote_tp}: the larger is not a multiple of the smaller")]
     NotDivisible {
         /// The local (D) TP size.
         local_tp: u32,
@@ -66,6 +67,7 @@ pub enum TopologyError {
         remote_tp: u32,
     },
     /// A local rank is not in `0..local_tp`.
+    #[error("rank {rank} is outside 0..{local_tp}")]
     RankOutOfRange {
         /// The rank asked about.
         rank: u32,
@@ -73,32 +75,6 @@ pub enum TopologyError {
         local_tp: u32,
     },
 }
-
-impl fmt::Display for TopologyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TopologyError::ZeroTp {
-                local_tp,
-                remote_tp,
-            } => write!(
-                f,
-                "tensor-parallel size 0 (local tp {local_tp}, remote tp {remote_tp})"
-            ),
-            TopologyError::NotDivisible {
-                local_tp,
-                remote_tp,
-            } => write!(
-                f,
-                "local tp {local_tp} and remote tp {remote_tp}: the larger is not a multiple of the smaller"
-            ),
-            TopologyError::RankOutOfRange { rank, local_tp } => {
-                write!(f, "rank {rank} is outside 0..{local_tp}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for TopologyError {}
 
 /// A validated (local TP, remote TP) pair and its vLLM `tp_ratio`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

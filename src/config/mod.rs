@@ -71,7 +71,6 @@
 //! # Ok::<(), kvlease::ConfigError>(())
 //! ```
 
-use core::fmt;
 use core::time::Duration;
 
 use serde_json::Value;
@@ -165,19 +164,22 @@ pub struct ParsedConfig {
 
 /// Why a configuration was refused. Every variant names the key at fault.
 #[non_exhaustive]
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     /// The text is not JSON at all.
+    #[error("kv_connector_extra_config is not valid JSON: {message}")]
     Json {
         /// serde_json's message, with line and column.
         message: String,
     },
     /// The JSON is valid but not an object (or its `kv_connector_extra_config` is not).
+    #[error("kv_connector_extra_config must be a JSON object, found {found}")]
     NotAnObject {
         /// What was found instead, e.g. `array`.
         found: &'static str,
     },
     /// A key holds a value of the wrong JSON type.
+    #[error("{key} must be {expected}, got {value}")]
     WrongType {
         /// The key.
         key: &'static str,
@@ -187,6 +189,7 @@ pub enum ConfigError {
         value: String,
     },
     /// A key holds a value of the right type but outside its range.
+    #[error("{key} = {value} is out of range: {rule}")]
     OutOfRange {
         /// The key.
         key: &'static str,
@@ -196,34 +199,6 @@ pub enum ConfigError {
         rule: &'static str,
     },
 }
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ConfigError::Json { message } => {
-                write!(f, "kv_connector_extra_config is not valid JSON: {message}")
-            }
-            ConfigError::NotAnObject { found } => {
-                write!(
-                    f,
-                    "kv_connector_extra_config must be a JSON object, found {found}"
-                )
-            }
-            ConfigError::WrongType {
-                key,
-                expected,
-                value,
-            } => {
-                write!(f, "{key} must be {expected}, got {value}")
-            }
-            ConfigError::OutOfRange { key, value, rule } => {
-                write!(f, "{key} = {value} is out of range: {rule}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 /// The keys this crate reads.
 const KNOWN_KEYS: &[&str] = &[

@@ -43,8 +43,6 @@
 //! stale. An engine that samples the clock during its exchange passes the
 //! sample in [`PeerRecord::clock`].
 
-use core::fmt;
-
 use super::ClockSample;
 
 /// The advert's magic bytes.
@@ -83,39 +81,25 @@ pub struct SlotRegion {
 
 /// Why an advert was refused.
 #[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AdvertError {
     /// Not exactly [`ADVERT_LEN`] bytes.
+    #[error("lease advert is not {} bytes", ADVERT_LEN)]
     BadLength,
     /// The first four bytes are not `KVLA`.
+    #[error("not a lease advert (bad magic)")]
     BadMagic,
     /// A version this build does not read.
+    #[error("lease advert version {0} (this build reads {current})", current = ADVERT_VERSION)]
     UnsupportedVersion(u8),
     /// A reserved byte or flag bit is set.
+    #[error("lease advert has reserved bits set")]
     NonCanonical,
     /// The slot fields contradict each other (slots without a region large
     /// enough for them, or slot fields without the slots flag).
+    #[error("lease advert's slot region is inconsistent")]
     BadSlotRegion,
 }
-
-impl fmt::Display for AdvertError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AdvertError::BadLength => write!(f, "lease advert is not {ADVERT_LEN} bytes"),
-            AdvertError::BadMagic => f.write_str("not a lease advert (bad magic)"),
-            AdvertError::UnsupportedVersion(v) => {
-                write!(
-                    f,
-                    "lease advert version {v} (this build reads {ADVERT_VERSION})"
-                )
-            }
-            AdvertError::NonCanonical => f.write_str("lease advert has reserved bits set"),
-            AdvertError::BadSlotRegion => f.write_str("lease advert's slot region is inconsistent"),
-        }
-    }
-}
-
-impl std::error::Error for AdvertError {}
 
 impl LeaseAdvert {
     /// The advert's bytes (see the module docs for the layout).

@@ -25,8 +25,6 @@
 //! region holds the lease slots ([`PeerInfo::slot_region`]). READ descriptors
 //! name a local region and a remote region by these indices plus byte offsets.
 
-use core::fmt;
-
 pub use advert::{AdvertError, LeaseAdvert, PeerRecord, SlotRegion, ADVERT_LEN};
 pub use landing::LandingWords;
 
@@ -147,58 +145,48 @@ pub enum XferState {
 /// What went wrong in the fabric. `Copy` and allocation-free, so it can be
 /// returned from step paths.
 #[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FabricError {
     /// The agent id was never issued by this fabric (or was forgotten).
+    #[error("unknown agent")]
     UnknownAgent,
     /// The agent's handshake has not completed.
+    #[error("agent not connected (handshake not complete)")]
     NotConnected,
     /// The peer address could not be parsed or resolved.
+    #[error("bad peer address")]
     BadAddress,
     /// The remote did not answer (crashed, partitioned) or answered garbage.
+    #[error("peer unreachable")]
     PeerUnreachable,
     /// A READ or handshake exceeded the fabric's timeout.
+    #[error("timed out")]
     TimedOut,
     /// A descriptor lies outside a registered region.
+    #[error("descriptor outside a registered region")]
     OutOfBounds,
     /// A region id is not registered (locally or on the remote).
+    #[error("unknown region")]
     UnknownRegion,
     /// The transfer id is unknown (never issued, or already finished and reaped).
+    #[error("unknown transfer")]
     UnknownXfer,
     /// A notification is larger than the fabric accepts.
+    #[error("notification too large")]
     MessageTooLarge,
     /// A fixed-capacity queue or table of the fabric is full.
+    #[error("fabric queue or table full")]
     Full,
     /// The READ was cancelled.
+    #[error("transfer cancelled")]
     Cancelled,
     /// The underlying runtime reported an error (its status code).
+    #[error("fabric backend error {0}")]
     Backend(i32),
     /// This fabric does not offer the operation (see its docs).
+    #[error("operation not supported by this fabric")]
     Unsupported,
 }
-
-impl fmt::Display for FabricError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = match self {
-            FabricError::UnknownAgent => "unknown agent",
-            FabricError::NotConnected => "agent not connected (handshake not complete)",
-            FabricError::BadAddress => "bad peer address",
-            FabricError::PeerUnreachable => "peer unreachable",
-            FabricError::TimedOut => "timed out",
-            FabricError::OutOfBounds => "descriptor outside a registered region",
-            FabricError::UnknownRegion => "unknown region",
-            FabricError::UnknownXfer => "unknown transfer",
-            FabricError::MessageTooLarge => "notification too large",
-            FabricError::Full => "fabric queue or table full",
-            FabricError::Cancelled => "transfer cancelled",
-            FabricError::Unsupported => "operation not supported by this fabric",
-            FabricError::Backend(code) => return write!(f, "fabric backend error {code}"),
-        };
-        f.write_str(s)
-    }
-}
-
-impl std::error::Error for FabricError {}
 
 /// The network as kvlease needs it. See the module docs for the ground rules.
 pub trait Fabric {

@@ -64,8 +64,6 @@
 //! | [`MsgKind::HeartbeatPlan`] | D scheduler → every D worker | [`plan`]: due, owed and gone engines; their members (P-side id, lease) |
 //! | [`MsgKind::VerifyOutcomes`] | one D worker → D scheduler | [`outcome`]: (D-side id, verdict); owed engines |
 
-use core::fmt;
-
 mod frame;
 
 pub mod directive;
@@ -104,22 +102,26 @@ impl MsgKind {
 
 /// Why a role message could not be decoded or encoded. Every variant is a
 /// refusal of the whole message: nothing of it was applied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum IpcError {
     /// Shorter than the frame header.
+    #[error("role message of {len} bytes is shorter than its header")]
     TooShort {
         /// Bytes received.
         len: usize,
     },
     /// The first four bytes are not `KVLR`: not a kvlease role message.
+    #[error("not a kvlease role message (bad magic)")]
     BadMagic,
     /// A frame version this build does not speak.
+    #[error("role message version {found} (this build speaks {current})", current = FRAME_VERSION)]
     UnsupportedVersion {
         /// The version received.
         found: u16,
     },
     /// A message of another kind than the receiver takes.
+    #[error("role message of kind {found}, expected kind {expected}")]
     WrongKind {
         /// The kind code expected.
         expected: u16,
@@ -127,6 +129,7 @@ pub enum IpcError {
         found: u16,
     },
     /// The length disagrees with the counts in the header.
+    #[error("role message is {found} bytes but its header describes {expected}")]
     Length {
         /// What the header implies (saturating).
         expected: u64,
@@ -135,6 +138,7 @@ pub enum IpcError {
     },
     /// A record is not valid: an unknown code, a zero nonce, an id reference
     /// outside the id area or not UTF-8, a field out of its range.
+    #[error("role message record {index}: {what}")]
     BadRecord {
         /// Its index in its section.
         index: u32,
@@ -143,11 +147,13 @@ pub enum IpcError {
     },
     /// A header field breaks the frame's rules (a reserved field not 0, a
     /// section this kind of message does not have).
+    #[error("role message header: {what}")]
     Header {
         /// What is wrong.
         what: &'static str,
     },
     /// The sender field disagrees with who the receiver was told sent it.
+    #[error("role message from sender {found}, expected sender {expected}")]
     WrongSender {
         /// Who the receiver expected.
         expected: u32,
@@ -155,50 +161,9 @@ pub enum IpcError {
         found: u32,
     },
     /// The caller's buffer cannot hold the message; nothing was consumed.
+    #[error("buffer too small for the role message ({needed} bytes needed)")]
     BufferTooSmall {
         /// Bytes the message needs.
         needed: usize,
     },
 }
-
-impl fmt::Display for IpcError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            IpcError::TooShort { len } => {
-                write!(f, "role message of {len} bytes is shorter than its header")
-            }
-            IpcError::BadMagic => f.write_str("not a kvlease role message (bad magic)"),
-            IpcError::UnsupportedVersion { found } => {
-                write!(
-                    f,
-                    "role message version {found} (this build speaks {FRAME_VERSION})"
-                )
-            }
-            IpcError::WrongKind { expected, found } => {
-                write!(f, "role message of kind {found}, expected kind {expected}")
-            }
-            IpcError::Length { expected, found } => write!(
-                f,
-                "role message is {found} bytes but its header describes {expected}"
-            ),
-            IpcError::BadRecord { index, what } => {
-                write!(f, "role message record {index}: {what}")
-            }
-            IpcError::Header { what } => write!(f, "role message header: {what}"),
-            IpcError::WrongSender { expected, found } => {
-                write!(
-                    f,
-                    "role message from sender {found}, expected sender {expected}"
-                )
-            }
-            IpcError::BufferTooSmall { needed } => {
-                write!(
-                    f,
-                    "buffer too small for the role message ({needed} bytes needed)"
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for IpcError {}

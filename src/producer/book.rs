@@ -33,7 +33,6 @@
 //! Everything is allocated in the constructor. Grant, renew, read-done,
 //! poll, drain and slot return allocate nothing (`tests/zero_alloc.rs`).
 
-use core::fmt;
 use std::sync::Arc;
 
 use super::counters::BookCounters;
@@ -52,12 +51,14 @@ use crate::time::Instant;
 use crate::wire::WireError;
 
 /// Why the book could not be built.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BookError {
     /// No rank slot arrays were given.
+    #[error("a lease book needs at least one rank's slot array")]
     NoRanks,
     /// A rank's slot array is smaller than the pool it takes slots from.
+    #[error("rank {rank} exports {len} slots but the pool hands out {pool}")]
     SlotArrayTooSmall {
         /// The rank.
         rank: u32,
@@ -67,25 +68,9 @@ pub enum BookError {
         pool: u32,
     },
     /// The scheduler refused the parts (rank count, pool size).
+    #[error("{0}")]
     Scheduler(SchedulerError),
 }
-
-impl fmt::Display for BookError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BookError::NoRanks => f.write_str("a lease book needs at least one rank's slot array"),
-            BookError::SlotArrayTooSmall { rank, len, pool } => {
-                write!(
-                    f,
-                    "rank {rank} exports {len} slots but the pool hands out {pool}"
-                )
-            }
-            BookError::Scheduler(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for BookError {}
 
 /// The P side of one engine whose ranks all live in this process. See the
 /// module docs.

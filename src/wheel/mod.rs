@@ -167,24 +167,15 @@ struct Far {
 
 /// Why a wheel call was refused.
 #[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum WheelError {
     /// The entry index is not below the capacity.
+    #[error("timer-wheel entry index is not below the capacity")]
     OutOfRange,
     /// The entry is already scheduled; cancel it or extend it instead.
+    #[error("timer-wheel entry is already scheduled")]
     AlreadyScheduled,
 }
-
-impl core::fmt::Display for WheelError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(match self {
-            WheelError::OutOfRange => "timer-wheel entry index is not below the capacity",
-            WheelError::AlreadyScheduled => "timer-wheel entry is already scheduled",
-        })
-    }
-}
-
-impl std::error::Error for WheelError {}
 
 /// Work counts since construction, for tests and benches.
 #[non_exhaustive]

@@ -195,82 +195,67 @@ const SLOT_HEX_LEN: usize = 8;
 /// encode one. `Copy` and allocation-free, so step paths can return and count
 /// it. Decoding errors come first, encoding errors last.
 #[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum WireError {
     /// The message has no bytes at all.
+    #[error("empty notification")]
     Empty,
     /// The message is neither a heartbeat (`HB:`), nor a compact heartbeat
     /// (`HBC:`), nor a read-done: it has no `:` to split a consumer count off.
+    #[error("notification is neither a heartbeat nor a read-done (no ':')")]
     UnknownPrefix,
     /// A heartbeat or read-done is not valid UTF-8.
+    #[error("notification is not valid UTF-8")]
     NotUtf8,
     /// A read-done's request id is empty (`:1`); or an encoder was asked to
     /// send an empty id. (An empty piece of a heartbeat is not an error: see
     /// [`HeartbeatIds::empty_pieces`].)
+    #[error("empty request id")]
     EmptyId,
     /// An id contains `,`, so it cannot be sent in a heartbeat (reported by
     /// [`check_heartbeat_id`]; the heartbeat encoder skips such ids, and the
     /// decoder cannot see them, since `,` separates ids).
+    #[error("request id contains ',' and cannot be heartbeated")]
     IdContainsComma,
     /// A read-done's consumer count is missing, not plain ASCII digits, or
     /// larger than `u32::MAX`.
+    #[error("read-done consumer count is not a decimal u32")]
     BadConsumers,
     /// A read-done's consumer count is 0 (at least one reader must exist),
     /// or an encoder was asked to send 0.
+    #[error("read-done consumer count is 0")]
     ZeroConsumers,
     /// A nonce field is not exactly 16 hex digits (read-done `nonce=` field,
     /// or the last 16 digits of a compact record).
+    #[error("nonce is not exactly 16 hex digits")]
     BadNonce,
     /// A nonce is 0, which no lease ever has.
+    #[error("nonce is 0")]
     ZeroNonce,
     /// The slot field of a compact record (its first 8 digits) is not hex.
+    #[error("compact heartbeat slot is not 8 hex digits")]
     BadSlot,
     /// A compact heartbeat's body is not a whole number of 24-byte records.
+    #[error("compact heartbeat body is not a whole number of 24-byte records")]
     Truncated,
     /// A compact heartbeat has no records (`HBC:` alone).
+    #[error("compact heartbeat has no records")]
     NoEntries,
     /// Encoder: `max_len` cannot hold even the prefix and one entry (a
     /// heartbeat needs 4 bytes, a compact heartbeat 28).
+    #[error("max_len cannot hold a single entry")]
     MessageTooSmall,
     /// Encoder: the caller's buffer is too short (`scratch` shorter than
     /// `max_len`, or `out` shorter than the read-done being encoded).
+    #[error("output buffer too small")]
     BufferTooSmall,
     /// Encoder: the read-done for this id would start with `HB:` or `HBC:`
     /// (the id is `HB` or `HBC`, or starts with `HB:` or `HBC:`), so every
     /// decoder, vLLM's included, would take it for a heartbeat. See the
     /// module docs on the prefix ambiguity.
+    #[error("request id would make the read-done look like a heartbeat (HB:/HBC:)")]
     AmbiguousId,
 }
-
-impl fmt::Display for WireError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            WireError::Empty => "empty notification",
-            WireError::UnknownPrefix => {
-                "notification is neither a heartbeat nor a read-done (no ':')"
-            }
-            WireError::NotUtf8 => "notification is not valid UTF-8",
-            WireError::EmptyId => "empty request id",
-            WireError::IdContainsComma => "request id contains ',' and cannot be heartbeated",
-            WireError::BadConsumers => "read-done consumer count is not a decimal u32",
-            WireError::ZeroConsumers => "read-done consumer count is 0",
-            WireError::BadNonce => "nonce is not exactly 16 hex digits",
-            WireError::ZeroNonce => "nonce is 0",
-            WireError::BadSlot => "compact heartbeat slot is not 8 hex digits",
-            WireError::Truncated => {
-                "compact heartbeat body is not a whole number of 24-byte records"
-            }
-            WireError::NoEntries => "compact heartbeat has no records",
-            WireError::MessageTooSmall => "max_len cannot hold a single entry",
-            WireError::BufferTooSmall => "output buffer too small",
-            WireError::AmbiguousId => {
-                "request id would make the read-done look like a heartbeat (HB:/HBC:)"
-            }
-        })
-    }
-}
-
-impl std::error::Error for WireError {}
 
 // ---------------------------------------------------------------------------
 // Decoded forms

@@ -43,13 +43,15 @@ impl SenderConfig {
 
 /// Why a due engine was not heartbeated by this sender, or the sender could
 /// not be built.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SenderError {
     /// The TP sizes do not map (zero, not divisible) or the local rank is out
     /// of range.
+    #[error("heartbeat topology: {0}")]
     Topology(TopologyError),
     /// The engine maps this rank to more P ranks than `max_fan_out`.
+    #[error("engine maps this rank to {fan_out} P ranks, more than max_fan_out {max}")]
     FanOutTooLarge {
         /// P ranks this rank would heartbeat.
         fan_out: u32,
@@ -58,6 +60,7 @@ pub enum SenderError {
     },
     /// The engine's slot index is beyond `max_engines` (sender smaller than
     /// its tracker).
+    #[error("engine slot {index} is beyond the sender's {max_engines} engine slots")]
     EngineOutOfRange {
         /// The tracker's slot index.
         index: u32,
@@ -66,24 +69,6 @@ pub enum SenderError {
     },
     /// The batch could not be encoded (the fabric's message limit is too
     /// small for even one id).
+    #[error("heartbeat encoding: {0}")]
     Encode(WireError),
 }
-
-impl fmt::Display for SenderError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SenderError::Topology(e) => write!(f, "heartbeat topology: {e}"),
-            SenderError::FanOutTooLarge { fan_out, max } => write!(
-                f,
-                "engine maps this rank to {fan_out} P ranks, more than max_fan_out {max}"
-            ),
-            SenderError::EngineOutOfRange { index, max_engines } => write!(
-                f,
-                "engine slot {index} is beyond the sender's {max_engines} engine slots"
-            ),
-            SenderError::Encode(e) => write!(f, "heartbeat encoding: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for SenderError {}

@@ -61,46 +61,26 @@ pub struct StepReport {
 }
 
 /// An error met during a step, for logging.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum StepError {
     /// A due engine was refused.
-    Sender(SenderError),
+    #[error("engine not heartbeated: {0}")]
+    Sender(#[source] SenderError),
     /// The fabric failed a handshake or a send to `rank` of `engine`.
+    #[error(
+        "heartbeat to P rank {rank} of engine slot {} (generation {}): {error}",
+        .engine.index, .engine.generation
+    )]
     Fabric {
         /// The engine.
         engine: EngineHandle,
         /// The P rank.
         rank: u32,
         /// What the fabric said.
+        #[source]
         error: FabricError,
     },
-}
-
-impl fmt::Display for StepError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StepError::Sender(e) => write!(f, "engine not heartbeated: {e}"),
-            StepError::Fabric {
-                engine,
-                rank,
-                error,
-            } => write!(
-                f,
-                "heartbeat to P rank {rank} of engine slot {} (generation {}): {error}",
-                engine.index, engine.generation
-            ),
-        }
-    }
-}
-
-impl std::error::Error for StepError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            StepError::Sender(e) => Some(e),
-            StepError::Fabric { error, .. } => Some(error),
-        }
-    }
 }
 
 /// Where the link to one P rank stands.

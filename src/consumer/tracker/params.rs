@@ -63,11 +63,13 @@ pub enum TrackOutcome {
 
 /// What is wrong with a present parameter.
 #[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ParamProblem {
     /// The string is empty.
+    #[error("is empty")]
     Empty,
     /// The string is longer than the limit.
+    #[error("is {len} bytes, the limit is {max}")]
     TooLong {
         /// Its length in bytes.
         len: usize,
@@ -75,15 +77,17 @@ pub enum ParamProblem {
         max: usize,
     },
     /// The P-side id contains `,`, which a text heartbeat cannot carry.
+    #[error("contains ','")]
     ContainsComma,
     /// A size is 0.
+    #[error("is 0")]
     Zero,
 }
 
 /// Why a remote-prefill request was refused. The request is not
 /// heartbeated; each variant bumps a [`TrackerCounters`] field.
 #[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TrackError {
     /// `max_tracked_requests` (`kv_lease_max_tracked_requests`) requests are
     /// tracked already. Counted in [`TrackerCounters::refused_requests_full`]
@@ -91,18 +95,24 @@ pub enum TrackError {
     /// request still runs, but P frees its blocks when the initial lease
     /// runs out; if D reads later, lease verification fails the KV load
     /// (`kv_load_failure_policy` applies). Log it and raise the capacity.
+    #[error("heartbeat tracker full ({capacity} requests, kv_lease_max_tracked_requests)")]
     RequestsFull {
         /// The capacity.
         capacity: u32,
     },
     /// The request names a new engine and `max_remote_engines` are tracked.
+    #[error(
+        "heartbeat tracker tracks {capacity} remote engines already (kv_lease_max_remote_engines)"
+    )]
     EnginesFull {
         /// The capacity.
         capacity: u32,
     },
     /// A request with this D-side id is already tracked.
+    #[error("request id already tracked")]
     Duplicate,
     /// A parameter (or the D-side request id) is unusable.
+    #[error("{field} {problem}")]
     BadParam {
         /// The field, by its vLLM name (`request_id` for the D-side id).
         field: &'static str,
@@ -110,32 +120,6 @@ pub enum TrackError {
         problem: ParamProblem,
     },
 }
-
-impl fmt::Display for TrackError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TrackError::RequestsFull { capacity } => write!(
-                f,
-                "heartbeat tracker full ({capacity} requests, kv_lease_max_tracked_requests)"
-            ),
-            TrackError::EnginesFull { capacity } => write!(
-                f,
-                "heartbeat tracker tracks {capacity} remote engines already (kv_lease_max_remote_engines)"
-            ),
-            TrackError::Duplicate => f.write_str("request id already tracked"),
-            TrackError::BadParam { field, problem } => match problem {
-                ParamProblem::Empty => write!(f, "{field} is empty"),
-                ParamProblem::TooLong { len, max } => {
-                    write!(f, "{field} is {len} bytes, the limit is {max}")
-                }
-                ParamProblem::ContainsComma => write!(f, "{field} contains ','"),
-                ParamProblem::Zero => write!(f, "{field} is 0"),
-            },
-        }
-    }
-}
-
-impl std::error::Error for TrackError {}
 
 pub(super) fn bad(field: &'static str, problem: ParamProblem) -> TrackError {
     TrackError::BadParam { field, problem }

@@ -105,28 +105,19 @@ impl Verdict {
 }
 
 /// Why a check was refused. The caller must fail the KV load.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum VerifyError {
     /// `capacity` checks are waiting.
+    #[error("lease verifier full")]
     Full,
     /// No target, or more than [`MAX_TARGETS`].
+    #[error("a check needs 1 to 8 P ranks")]
     BadTargets,
     /// More distinct P agents than `max_agents` have checks waiting.
+    #[error("too many distinct P agents with checks waiting")]
     TooManyAgents,
 }
-
-impl fmt::Display for VerifyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            VerifyError::Full => "lease verifier full",
-            VerifyError::BadTargets => "a check needs 1 to 8 P ranks",
-            VerifyError::TooManyAgents => "too many distinct P agents with checks waiting",
-        })
-    }
-}
-
-impl std::error::Error for VerifyError {}
 
 /// Event counts since construction.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -203,27 +203,18 @@ impl From<NodeId> for Nodes {
 
 /// Why an agent could not join a network.
 #[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LoopbackError {
     /// The name is empty or longer than [`MAX_NAME_LEN`].
+    #[error("agent name empty or too long")]
     BadName,
     /// An agent with this name already joined.
+    #[error("an agent with this name already joined")]
     DuplicateName,
     /// [`LoopbackConfig::max_agents`] agents already joined.
+    #[error("the network is full")]
     TooManyAgents,
 }
-
-impl core::fmt::Display for LoopbackError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(match self {
-            LoopbackError::BadName => "agent name empty or too long",
-            LoopbackError::DuplicateName => "an agent with this name already joined",
-            LoopbackError::TooManyAgents => "the network is full",
-        })
-    }
-}
-
-impl std::error::Error for LoopbackError {}
 
 /// Counters of one agent. Sender-side counts are about messages and READs
 /// this agent sent or posted; receiver-side ones about what it drained.

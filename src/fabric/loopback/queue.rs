@@ -98,24 +98,15 @@ pub const MIN_CAPACITY: u32 = 2;
 
 /// Why a push was refused. The message was not enqueued.
 #[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum QueueError {
     /// Every cell holds an unread message.
+    #[error("loopback notification queue is full")]
     Full,
     /// The message is longer than a cell (`max_len`).
+    #[error("notification is longer than a loopback queue cell")]
     TooLarge,
 }
-
-impl core::fmt::Display for QueueError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(match self {
-            QueueError::Full => "loopback notification queue is full",
-            QueueError::TooLarge => "notification is longer than a loopback queue cell",
-        })
-    }
-}
-
-impl std::error::Error for QueueError {}
 
 /// What a cell holds: written only by the producer that claimed it, read
 /// only by the consumer once published.

@@ -90,41 +90,28 @@ impl NixlConfig {
 
 /// Why a [`NixlFabric`] could not be built.
 #[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum NixlInitError {
     /// `libnixl_capi.so` could not be loaded (not on `LD_LIBRARY_PATH`; run
     /// `.ci/nixl-runtime.sh`).
+    #[error("NIXL runtime not found: libnixl_capi.so is not loadable (run .ci/nixl-runtime.sh and set LD_LIBRARY_PATH)")]
     RuntimeNotFound,
     /// The agent name is empty, longer than 255 bytes or contains NUL.
+    #[error("bad NIXL agent name")]
     BadName,
     /// A setting is out of range (which one is named).
+    #[error("bad NIXL fabric setting: {0}")]
     BadConfig(&'static str),
     /// NIXL refused to create the agent (C API status).
+    #[error("NIXL agent creation failed (status {0})")]
     Agent(i32),
     /// The UCX backend (or a NIXL helper object) could not be created.
+    #[error("NIXL UCX backend creation failed (status {0})")]
     Backend(i32),
     /// The handshake listener could not bind or start.
+    #[error("handshake listener failed: {0}")]
     Listen(io::ErrorKind),
 }
-
-impl fmt::Display for NixlInitError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NixlInitError::RuntimeNotFound => f.write_str(
-                "NIXL runtime not found: libnixl_capi.so is not loadable (run .ci/nixl-runtime.sh and set LD_LIBRARY_PATH)",
-            ),
-            NixlInitError::BadName => f.write_str("bad NIXL agent name"),
-            NixlInitError::BadConfig(what) => write!(f, "bad NIXL fabric setting: {what}"),
-            NixlInitError::Agent(code) => write!(f, "NIXL agent creation failed (status {code})"),
-            NixlInitError::Backend(code) => {
-                write!(f, "NIXL UCX backend creation failed (status {code})")
-            }
-            NixlInitError::Listen(kind) => write!(f, "handshake listener failed: {kind}"),
-        }
-    }
-}
-
-impl std::error::Error for NixlInitError {}
 
 /// Counters since construction.
 #[non_exhaustive]

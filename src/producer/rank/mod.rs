@@ -42,7 +42,6 @@
 //! renewal, read-done, poll and report encoding allocate nothing
 //! (`tests/roles_alloc.rs`).
 
-use core::fmt;
 use core::time::Duration;
 use std::sync::Arc;
 
@@ -62,10 +61,11 @@ use crate::time::{duration_nanos, Instant};
 use crate::wheel::TimerWheel;
 
 /// Why a rank could not be built.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RankError {
     /// The rank's slot array is smaller than the slotted entry range.
+    #[error("rank {rank} exports {len} slots but the scheduler hands out {needed}")]
     SlotArrayTooSmall {
         /// The rank.
         rank: u32,
@@ -75,19 +75,6 @@ pub enum RankError {
         needed: u32,
     },
 }
-
-impl fmt::Display for RankError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RankError::SlotArrayTooSmall { rank, len, needed } => write!(
-                f,
-                "rank {rank} exports {len} slots but the scheduler hands out {needed}"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for RankError {}
 
 /// What one directive did on a rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -55,7 +55,6 @@
 //! Everything is allocated in the constructor; assign, start, cancel, the
 //! directive encoder, report decoding and the drain allocate nothing.
 
-use core::fmt;
 use core::time::Duration;
 use std::sync::Arc;
 
