@@ -188,6 +188,73 @@ pub enum FabricError {
     Unsupported,
 }
 
+impl FabricError {
+    /// Every variant once (`Backend` at its extremes), for the tests that
+    /// carry errors through a code.
+    #[cfg(test)]
+    pub(crate) const EXAMPLES: [FabricError; 15] = [
+        FabricError::UnknownAgent,
+        FabricError::NotConnected,
+        FabricError::BadAddress,
+        FabricError::PeerUnreachable,
+        FabricError::TimedOut,
+        FabricError::OutOfBounds,
+        FabricError::UnknownRegion,
+        FabricError::UnknownXfer,
+        FabricError::MessageTooLarge,
+        FabricError::Full,
+        FabricError::Cancelled,
+        FabricError::Backend(-1),
+        FabricError::Backend(i32::MIN),
+        FabricError::Backend(i32::MAX),
+        FabricError::Unsupported,
+    ];
+
+    /// The error's code (1..=13) and backend status (0 unless `Backend`):
+    /// the form role messages carry (`ipc::outcome`) and the loopback
+    /// fabric's fault injection stores in one atomic word. Codes are part
+    /// of the role-message format: never renumber one.
+    pub fn code(self) -> (u8, i32) {
+        match self {
+            FabricError::UnknownAgent => (1, 0),
+            FabricError::NotConnected => (2, 0),
+            FabricError::BadAddress => (3, 0),
+            FabricError::PeerUnreachable => (4, 0),
+            FabricError::TimedOut => (5, 0),
+            FabricError::OutOfBounds => (6, 0),
+            FabricError::UnknownRegion => (7, 0),
+            FabricError::UnknownXfer => (8, 0),
+            FabricError::MessageTooLarge => (9, 0),
+            FabricError::Full => (10, 0),
+            FabricError::Cancelled => (11, 0),
+            FabricError::Backend(status) => (12, status),
+            FabricError::Unsupported => (13, 0),
+        }
+    }
+
+    /// The error [`FabricError::code`] gave `(code, backend)`; `None` for an
+    /// unknown code, or a backend status on a code that is not `Backend`'s.
+    pub fn from_code(code: u8, backend: i32) -> Option<FabricError> {
+        let e = match code {
+            1 => FabricError::UnknownAgent,
+            2 => FabricError::NotConnected,
+            3 => FabricError::BadAddress,
+            4 => FabricError::PeerUnreachable,
+            5 => FabricError::TimedOut,
+            6 => FabricError::OutOfBounds,
+            7 => FabricError::UnknownRegion,
+            8 => FabricError::UnknownXfer,
+            9 => FabricError::MessageTooLarge,
+            10 => FabricError::Full,
+            11 => FabricError::Cancelled,
+            12 => return Some(FabricError::Backend(backend)),
+            13 => FabricError::Unsupported,
+            _ => return None,
+        };
+        (backend == 0).then_some(e)
+    }
+}
+
 /// The network as kvlease needs it. See the module docs for the ground rules.
 pub trait Fabric {
     /// This agent's name, as peers see it in notifications' sender field.

@@ -90,21 +90,7 @@ fn verdict_code(v: Verdict) -> (u8, u8, i32) {
         Verdict::Unverifiable => (3, 0, 0),
         Verdict::SlotOutOfRange => (4, 0, 0),
         Verdict::ReadFailed(e) => {
-            let (code, backend) = match e {
-                FabricError::UnknownAgent => (1, 0),
-                FabricError::NotConnected => (2, 0),
-                FabricError::BadAddress => (3, 0),
-                FabricError::PeerUnreachable => (4, 0),
-                FabricError::TimedOut => (5, 0),
-                FabricError::OutOfBounds => (6, 0),
-                FabricError::UnknownRegion => (7, 0),
-                FabricError::UnknownXfer => (8, 0),
-                FabricError::MessageTooLarge => (9, 0),
-                FabricError::Full => (10, 0),
-                FabricError::Cancelled => (11, 0),
-                FabricError::Backend(status) => (12, status),
-                FabricError::Unsupported => (13, 0),
-            };
+            let (code, backend) = e.code();
             (5, code, backend)
         }
     }
@@ -123,28 +109,13 @@ fn verdict_from(r: &Record) -> Result<Verdict, &'static str> {
         2 => plain(Verdict::Lapsed),
         3 => plain(Verdict::Unverifiable),
         4 => plain(Verdict::SlotOutOfRange),
-        5 => {
-            let e = match r.error {
-                1 => FabricError::UnknownAgent,
-                2 => FabricError::NotConnected,
-                3 => FabricError::BadAddress,
-                4 => FabricError::PeerUnreachable,
-                5 => FabricError::TimedOut,
-                6 => FabricError::OutOfBounds,
-                7 => FabricError::UnknownRegion,
-                8 => FabricError::UnknownXfer,
-                9 => FabricError::MessageTooLarge,
-                10 => FabricError::Full,
-                11 => FabricError::Cancelled,
-                12 => FabricError::Backend(r.backend),
-                13 => FabricError::Unsupported,
-                _ => return Err("unknown fabric error code"),
-            };
-            if r.error != 12 && r.backend != 0 {
-                return Err("backend status on a fabric error that is not a backend one");
+        5 => match FabricError::from_code(r.error, r.backend) {
+            Some(e) => Ok(Verdict::ReadFailed(e)),
+            None if FabricError::from_code(r.error, 0).is_some() => {
+                Err("backend status on a fabric error that is not a backend one")
             }
-            Ok(Verdict::ReadFailed(e))
-        }
+            None => Err("unknown fabric error code"),
+        },
         _ => Err("unknown verdict"),
     }
 }
@@ -391,20 +362,7 @@ mod tests {
         let n = encode(&mut again, msg.rank(), msg.seq(), msg.iter(), msg.owed()).unwrap();
         assert_eq!(&again[..n], &b[..]);
         // Every verdict and every fabric error survives the trip.
-        let errors = [
-            FabricError::UnknownAgent,
-            FabricError::NotConnected,
-            FabricError::BadAddress,
-            FabricError::PeerUnreachable,
-            FabricError::TimedOut,
-            FabricError::OutOfBounds,
-            FabricError::UnknownRegion,
-            FabricError::UnknownXfer,
-            FabricError::MessageTooLarge,
-            FabricError::Full,
-            FabricError::Cancelled,
-            FabricError::Backend(i32::MIN),
-        ];
+        let errors = FabricError::EXAMPLES;
         let all: Vec<Outcome<'_>> = [Verdict::Verified, Verdict::Lapsed, Verdict::Unverifiable]
             .into_iter()
             .chain([Verdict::SlotOutOfRange])

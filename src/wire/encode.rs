@@ -51,7 +51,7 @@ pub fn encode_heartbeats<'i, I: IntoIterator<Item = &'i str>>(
     ids: I,
     max_len: usize,
     scratch: &mut [u8],
-    mut emit: impl FnMut(&[u8]),
+    emit: impl FnMut(&[u8]),
 ) -> Result<EncodeStats, WireError> {
     let prefix = HEARTBEAT_PREFIX.len();
     if max_len <= prefix {
@@ -60,41 +60,26 @@ pub fn encode_heartbeats<'i, I: IntoIterator<Item = &'i str>>(
     let buf = scratch
         .get_mut(..max_len)
         .ok_or(WireError::BufferTooSmall)?;
-    let mut stats = EncodeStats::default();
-    let mut w = Cursor::new(buf);
-    // Entries in the message under construction.
-    let mut in_msg = 0u32;
+    let mut batch = Batch::new(buf, emit);
     for id in ids {
         if check_heartbeat_id(id).is_err() || id.len() > max_len - prefix {
-            stats.skipped = stats.skipped.saturating_add(1);
+            batch.stats.skipped = batch.stats.skipped.saturating_add(1);
             continue;
         }
-        if in_msg > 0 && w.remaining() < id.len() + 1 {
-            emit(w.written());
-            stats.messages = stats.messages.saturating_add(1);
-            w.clear();
-            in_msg = 0;
-        }
+        batch.make_room(id.len() + 1);
         // The writes below fit: a fresh message has room for prefix + id
         // (checked above), a continued one for ',' + id (checked just now).
-        // `put` reports failure instead of panicking; treat it as a skip.
-        let ok = if in_msg == 0 {
+        // `put` reports failure instead of panicking; `add` counts it as a
+        // skip.
+        let w = &mut batch.w;
+        let ok = if batch.in_msg == 0 {
             w.put(HEARTBEAT_PREFIX) && w.put(id.as_bytes())
         } else {
             w.put(b",") && w.put(id.as_bytes())
         };
-        if !ok {
-            stats.skipped = stats.skipped.saturating_add(1);
-            continue;
-        }
-        in_msg += 1;
-        stats.entries = stats.entries.saturating_add(1);
+        batch.add(ok);
     }
-    if in_msg > 0 {
-        emit(w.written());
-        stats.messages = stats.messages.saturating_add(1);
-    }
-    Ok(stats)
+    Ok(batch.finish())
 }
 
 /// Encodes (slot, nonce) records as compact heartbeats
@@ -110,7 +95,7 @@ pub fn encode_compact_heartbeats<I: IntoIterator<Item = CompactEntry>>(
     entries: I,
     max_len: usize,
     scratch: &mut [u8],
-    mut emit: impl FnMut(&[u8]),
+    emit: impl FnMut(&[u8]),
 ) -> Result<EncodeStats, WireError> {
     let prefix = COMPACT_HEARTBEAT_PREFIX.len();
     if max_len < prefix + COMPACT_RECORD_LEN {
@@ -119,30 +104,73 @@ pub fn encode_compact_heartbeats<I: IntoIterator<Item = CompactEntry>>(
     let buf = scratch
         .get_mut(..max_len)
         .ok_or(WireError::BufferTooSmall)?;
-    let mut stats = EncodeStats::default();
-    let mut w = Cursor::new(buf);
-    let mut in_msg = 0u32;
+    let mut batch = Batch::new(buf, emit);
     for e in entries {
-        if in_msg > 0 && w.remaining() < COMPACT_RECORD_LEN {
-            emit(w.written());
-            stats.messages = stats.messages.saturating_add(1);
-            w.clear();
-            in_msg = 0;
-        }
-        let ok = (in_msg > 0 || w.put(COMPACT_HEARTBEAT_PREFIX)) && w.put(&encode_record(e));
-        if !ok {
-            // Unreachable: max_len holds prefix + one record.
-            stats.skipped = stats.skipped.saturating_add(1);
-            continue;
-        }
-        in_msg += 1;
-        stats.entries = stats.entries.saturating_add(1);
+        batch.make_room(COMPACT_RECORD_LEN);
+        // Always fits (max_len holds prefix + one record); `add` would count
+        // a failure as a skip.
+        let w = &mut batch.w;
+        let ok = (batch.in_msg > 0 || w.put(COMPACT_HEARTBEAT_PREFIX)) && w.put(&encode_record(e));
+        batch.add(ok);
     }
-    if in_msg > 0 {
-        emit(w.written());
-        stats.messages = stats.messages.saturating_add(1);
+    Ok(batch.finish())
+}
+
+/// The message under construction of a heartbeat encoder, and its counts:
+/// the batching both heartbeat forms share. A message is emitted when the
+/// next entry does not fit, and at the end.
+struct Batch<'b, E: FnMut(&[u8])> {
+    w: Cursor<'b>,
+    stats: EncodeStats,
+    /// Entries in the message under construction.
+    in_msg: u32,
+    emit: E,
+}
+
+impl<'b, E: FnMut(&[u8])> Batch<'b, E> {
+    fn new(buf: &'b mut [u8], emit: E) -> Self {
+        Batch {
+            w: Cursor::new(buf),
+            stats: EncodeStats::default(),
+            in_msg: 0,
+            emit,
+        }
     }
-    Ok(stats)
+
+    /// Emits the current message if it has entries and less than `need`
+    /// bytes left.
+    #[inline]
+    fn make_room(&mut self, need: usize) {
+        if self.in_msg > 0 && self.w.remaining() < need {
+            self.flush();
+        }
+    }
+
+    #[inline]
+    fn flush(&mut self) {
+        (self.emit)(self.w.written());
+        self.stats.messages = self.stats.messages.saturating_add(1);
+        self.w.clear();
+        self.in_msg = 0;
+    }
+
+    /// Counts the entry just written (`ok`) or refused by the cursor.
+    #[inline]
+    fn add(&mut self, ok: bool) {
+        if ok {
+            self.in_msg += 1;
+            self.stats.entries = self.stats.entries.saturating_add(1);
+        } else {
+            self.stats.skipped = self.stats.skipped.saturating_add(1);
+        }
+    }
+
+    fn finish(mut self) -> EncodeStats {
+        if self.in_msg > 0 {
+            self.flush();
+        }
+        self.stats
+    }
 }
 
 /// The exact length of the read-done [`encode_read_done`] would write; at
