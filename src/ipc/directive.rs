@@ -264,20 +264,7 @@ impl<'a> DirectiveMsg<'a> {
         })
     }
 
-    /// The scheduler's message counter.
-    pub fn seq(&self) -> u32 {
-        self.frame.header.seq
-    }
-
-    /// Directives in the message.
-    pub fn len(&self) -> u32 {
-        self.frame.header.records
-    }
-
-    /// True when the message carries no directive.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
+    header_accessors!("scheduler", "Directives", "directive");
 
     /// The directives, in the order the scheduler issued them.
     pub fn iter(&self) -> Directives<'a> {

@@ -64,6 +64,37 @@
 //! | [`MsgKind::HeartbeatPlan`] | D scheduler → every D worker | [`plan`]: due, owed and gone engines; their members (P-side id, lease) |
 //! | [`MsgKind::VerifyOutcomes`] | one D worker → D scheduler | [`outcome`]: (D-side id, verdict); owed engines |
 
+/// The header accessors every received role message type has (`seq`, `len`,
+/// `is_empty`, and `rank` for the workers' messages), written once. The
+/// type must hold its checked frame in a field `frame`. `$sender` names who
+/// counts the messages, `$records` what the records are, `$one` one record.
+macro_rules! header_accessors {
+    (rank: $sender:literal, $records:literal, $one:literal) => {
+        /// The sender's rank (the header's `from`).
+        pub fn rank(&self) -> u32 {
+            self.frame.header.from
+        }
+
+        header_accessors!($sender, $records, $one);
+    };
+    ($sender:literal, $records:literal, $one:literal) => {
+        #[doc = concat!("The ", $sender, "'s message counter.")]
+        pub fn seq(&self) -> u32 {
+            self.frame.header.seq
+        }
+
+        #[doc = concat!($records, " in the message.")]
+        pub fn len(&self) -> u32 {
+            self.frame.header.records
+        }
+
+        #[doc = concat!("True when the message carries no ", $one, ".")]
+        pub fn is_empty(&self) -> bool {
+            self.len() == 0
+        }
+    };
+}
+
 mod frame;
 
 pub mod directive;

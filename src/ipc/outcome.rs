@@ -242,25 +242,8 @@ impl<'a> OutcomeMsg<'a> {
         Ok(OutcomeMsg { frame, ids })
     }
 
-    /// The reporting worker's rank (the header's `from`).
-    pub fn rank(&self) -> u32 {
-        self.frame.header.from
-    }
-
-    /// The worker's message counter.
-    pub fn seq(&self) -> u32 {
-        self.frame.header.seq
-    }
-
-    /// Outcomes in the message.
-    pub fn len(&self) -> u32 {
-        self.frame.header.records
-    }
-
-    /// True when the message carries no outcome (it may carry owed engines).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
+    // A message with no outcome may still carry owed engines.
+    header_accessors!(rank: "worker", "Outcomes", "outcome");
 
     /// The outcomes, in the worker's order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = Outcome<'a>> + Clone + 'a {

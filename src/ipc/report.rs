@@ -132,25 +132,7 @@ impl<'a> ReportMsg<'a> {
         })
     }
 
-    /// The reporting rank (the header's `from`).
-    pub fn rank(&self) -> u32 {
-        self.frame.header.from
-    }
-
-    /// The rank's message counter.
-    pub fn seq(&self) -> u32 {
-        self.frame.header.seq
-    }
-
-    /// Reports in the message.
-    pub fn len(&self) -> u32 {
-        self.frame.header.records
-    }
-
-    /// True when the message carries no report.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
+    header_accessors!(rank: "rank", "Reports", "report");
 
     /// The reports, in the order the rank released the leases.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = RankReport> + 'a {
