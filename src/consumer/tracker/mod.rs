@@ -199,8 +199,8 @@ pub struct HeartbeatTracker {
     free_engines: FreeStack,
     live: DenseSet,
     members: Box<[Member]>,
-    /// P-side ids by position; see "Request ids as `&str`" in the module docs.
-    /// P-side ids of up to `inline.stride()` bytes, by member position.
+    /// P-side ids of up to `inline.stride()` bytes, by member position; see
+    /// "Request ids as `&str`" in the module docs.
     inline: IdArena,
     /// Longer P-side ids, by request (empty when `max_id_len` <= 64).
     overflow: IdArena,

@@ -387,32 +387,14 @@ pub(super) fn copy_read(
     let Some(_guard) = liveness.begin_copy() else {
         return Err(FabricError::PeerUnreachable);
     };
-    // READs usually name one region pair for all their descriptors: keep
-    // the last lookup instead of chasing the tables for each.
-    let mut src_cache: Option<(RegionId, &Region)> = None;
-    let mut dst_cache: Option<(RegionId, &memory::RawRegion)> = None;
+    let mut src_region = LastRegion::new();
+    let mut dst_region = LastRegion::new();
     for d in descs {
-        let src = match src_cache {
-            Some((id, r)) if id == d.remote => r,
-            _ => {
-                let r = remote
-                    .regions
-                    .get(d.remote)
-                    .ok_or(FabricError::UnknownRegion)?;
-                src_cache = Some((d.remote, r));
-                r
-            }
-        };
-        let dst = match dst_cache {
-            Some((id, r)) if id == d.local => r,
-            _ => {
-                let Some(Region::Raw(r)) = local.regions.get(d.local) else {
-                    return Err(FabricError::UnknownRegion);
-                };
-                dst_cache = Some((d.local, r));
-                r
-            }
-        };
+        let src = src_region.get(d.remote, || remote.regions.get(d.remote))?;
+        let dst = dst_region.get(d.local, || match local.regions.get(d.local) {
+            Some(Region::Raw(r)) => Some(r),
+            _ => None,
+        })?;
         // SAFETY: `dst` was registered by this agent under register_memory's
         // contract and this agent (alive: we hold &mut to it) posted the READ
         // into it; `src` is alive (the guard), and a raw `src` is not written

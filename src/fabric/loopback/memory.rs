@@ -101,6 +101,35 @@ pub(crate) unsafe fn raw_region(ptr: *mut u8, len: usize) -> Region {
     Region::Raw(RawRegion { ptr, len })
 }
 
+/// The region a READ's previous descriptor named, kept by id: READs usually
+/// name one region pair for all their descriptors, so the tables are chased
+/// once per READ rather than once per descriptor.
+pub(crate) struct LastRegion<'a, R>(Option<(RegionId, &'a R)>);
+
+impl<'a, R> LastRegion<'a, R> {
+    pub(crate) fn new() -> Self {
+        LastRegion(None)
+    }
+
+    /// Region `id`: the kept one, or what `look_up` finds (then kept);
+    /// [`FabricError::UnknownRegion`] when it finds none.
+    #[inline]
+    pub(crate) fn get(
+        &mut self,
+        id: RegionId,
+        look_up: impl FnOnce() -> Option<&'a R>,
+    ) -> Result<&'a R, FabricError> {
+        match self.0 {
+            Some((kept, r)) if kept == id => Ok(r),
+            _ => {
+                let r = look_up().ok_or(FabricError::UnknownRegion)?;
+                self.0 = Some((id, r));
+                Ok(r)
+            }
+        }
+    }
+}
+
 /// Copies `len` bytes of `src` at `src_offset` into `dst` at `dst_offset`.
 /// Both ranges must have been checked with [`Region::contains`]; a range that
 /// was not is refused with `OutOfBounds` rather than copied.

@@ -91,7 +91,7 @@ pub use faults::{NotificationFaults, ReadFaults, INJECTED_READ_FAILURE};
 use self::faults::{LinkCell, NotificationFate};
 use self::inbox::{Inbox, InboxStats, FLAG_HOLD};
 use self::liveness::Liveness;
-use self::memory::{copy_into, Region, RegionTable};
+use self::memory::{copy_into, LastRegion, Region, RegionTable};
 use self::queue::{Envelope, QueueError, QueueProducer};
 use self::reads::{ReadPlan, ReadTable};
 use crate::fabric::{
@@ -519,33 +519,18 @@ impl LoopbackFabric {
     fn check_descs(&self, target: u32, descs: &[ReadDesc]) -> Result<(), FabricError> {
         let local = self.record().ok_or(FabricError::UnknownRegion)?;
         let remote = self.net.record(target).ok_or(FabricError::UnknownAgent)?;
-        // Same last-lookup cache as `copy_read`.
-        let mut local_cache: Option<(RegionId, &Region)> = None;
-        let mut remote_cache: Option<(RegionId, &Region)> = None;
+        let mut local_regions = LastRegion::new();
+        let mut remote_regions = LastRegion::new();
         for d in descs {
-            let local_region = match local_cache {
-                Some((id, r)) if id == d.local => r,
-                // A lease-slot array is written only by its owner's lease
-                // book, never by a READ: it is not a landing region.
-                _ => match local.regions.get(d.local) {
-                    Some(r @ Region::Raw(_)) => {
-                        local_cache = Some((d.local, r));
-                        r
-                    }
-                    Some(Region::Slots(_)) | None => return Err(FabricError::UnknownRegion),
-                },
-            };
-            let remote_region = match remote_cache {
-                Some((id, r)) if id == d.remote => r,
-                _ => {
-                    let r = remote
-                        .regions
-                        .get(d.remote)
-                        .ok_or(FabricError::UnknownRegion)?;
-                    remote_cache = Some((d.remote, r));
-                    r
-                }
-            };
+            // A lease-slot array is written only by its owner's lease book,
+            // never by a READ: it is not a landing region.
+            let local_region = local_regions.get(d.local, || {
+                local
+                    .regions
+                    .get(d.local)
+                    .filter(|r| matches!(r, Region::Raw(_)))
+            })?;
+            let remote_region = remote_regions.get(d.remote, || remote.regions.get(d.remote))?;
             if !local_region.contains(d.local_offset, d.len)
                 || !remote_region.contains(d.remote_offset, d.len)
             {

@@ -11,6 +11,17 @@ fn scalar_hex(bytes: &[u8]) -> Option<u64> {
     Some(v)
 }
 
+/// The SWAR decoder accepts exactly the words the scalar one does, with the
+/// same value.
+fn assert_swar_hex_agrees(d: [u8; 8]) {
+    let x = u64::from_le_bytes(d);
+    let want = scalar_hex(&d);
+    assert_eq!(hex8_valid(x), want.is_some(), "{d:?}");
+    if let Some(w) = want {
+        assert_eq!(u64::from(hex8_value(x)), w, "{d:?}");
+    }
+}
+
 #[test]
 fn swar_hex_decode_matches_scalar_for_every_byte_in_every_lane() {
     let bases: [&[u8; 8]; 4] = [b"00000000", b"ffffffff", b"9aF0c3E1", b"12345678"];
@@ -19,12 +30,7 @@ fn swar_hex_decode_matches_scalar_for_every_byte_in_every_lane() {
             for b in 0..=255u8 {
                 let mut d = *base;
                 d[lane] = b;
-                let x = u64::from_le_bytes(d);
-                let want = scalar_hex(&d);
-                assert_eq!(hex8_valid(x), want.is_some(), "{d:?}");
-                if let Some(w) = want {
-                    assert_eq!(u64::from(hex8_value(x)), w, "{d:?}");
-                }
+                assert_swar_hex_agrees(d);
             }
         }
     }
@@ -44,12 +50,7 @@ fn swar_hex_decode_random_words() {
                 alphabet[rng.below(alphabet.len() as u64) as usize]
             };
         }
-        let x = u64::from_le_bytes(d);
-        let want = scalar_hex(&d);
-        assert_eq!(hex8_valid(x), want.is_some(), "{d:?}");
-        if let Some(w) = want {
-            assert_eq!(u64::from(hex8_value(x)), w, "{d:?}");
-        }
+        assert_swar_hex_agrees(d);
     }
 }
 
@@ -83,18 +84,24 @@ fn swar_hex_encode_matches_format() {
     }
 }
 
+/// Up to 39 bytes, mostly letters: one in `one_in` a comma, as often any
+/// byte at all.
+fn id_like_bytes(rng: &mut Rng, one_in: u64) -> Vec<u8> {
+    let len = rng.below(40) as usize;
+    (0..len)
+        .map(|_| match rng.below(one_in) {
+            0 => b',',
+            1 => rng.next_u64() as u8,
+            _ => b'a' + rng.below(26) as u8,
+        })
+        .collect()
+}
+
 #[test]
 fn swar_find_comma_matches_position() {
     let mut rng = Rng::new(5);
     for _ in 0..50_000 {
-        let len = rng.below(40) as usize;
-        let b: Vec<u8> = (0..len)
-            .map(|_| match rng.below(6) {
-                0 => b',',
-                1 => rng.next_u64() as u8,
-                _ => b'a' + rng.below(26) as u8,
-            })
-            .collect();
+        let b = id_like_bytes(&mut rng, 6);
         assert_eq!(find_comma(&b), b.iter().position(|&c| c == b','), "{b:?}");
     }
     // Every byte value in every lane, and a comma after lanes that borrow.
@@ -113,14 +120,7 @@ fn swar_find_comma_matches_position() {
 fn swar_has_comma_matches_contains() {
     let mut rng = Rng::new(6);
     for _ in 0..50_000 {
-        let len = rng.below(40) as usize;
-        let b: Vec<u8> = (0..len)
-            .map(|_| match rng.below(30) {
-                0 => b',',
-                1 => rng.next_u64() as u8,
-                _ => b'a' + rng.below(26) as u8,
-            })
-            .collect();
+        let b = id_like_bytes(&mut rng, 30);
         assert_eq!(has_comma(&b), b.contains(&b','), "{b:?}");
     }
     for len in 0..20 {
