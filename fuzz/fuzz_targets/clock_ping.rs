@@ -12,9 +12,9 @@
 
 use core::time::Duration;
 
+use arbitrary::Arbitrary;
 use kvlease::clock_ping::{self, ClockMessage, ClockPinger, PING_PREFIX, PONG_PREFIX};
 use kvlease::Instant;
-use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 
 #[path = "common/mod.rs"]

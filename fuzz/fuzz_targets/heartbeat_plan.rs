@@ -12,11 +12,11 @@
 //!    `plan_len`, and carry the tracker's engines.
 #![no_main]
 
+use arbitrary::Arbitrary;
 use kvlease::consumer::{EngineHandle, HeartbeatTracker, RemotePrefillParams};
 use kvlease::ipc::plan::{self, HeartbeatPlan, ENGINE_RECORD_LEN, MEMBER_RECORD_LEN};
 use kvlease::ipc::{MsgKind, FROM_SCHEDULER};
 use kvlease::{EngineShape, Instant, LeaseConfig};
-use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 
 #[path = "common/mod.rs"]
