@@ -38,11 +38,12 @@ use criterion::{
     criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, SamplingMode,
     Throughput,
 };
+use kvlease::testkit::SplitMix64;
 use kvlease::wire::{self, CompactEntry};
-use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig, Nonce, Renewal};
+use kvlease::{Instant, LeaseBook, Nonce, Renewal};
 
 mod common;
-use common::{map_poll, permutation, request_id, Rng};
+use common::{granted_book, lease_config, map_poll, permutation, request_id};
 
 const SIZES: [u32; 4] = [1_000, 10_000, 100_000, 1_000_000];
 /// One engine step.
@@ -134,23 +135,10 @@ struct Fixture {
 
 impl Fixture {
     fn build(n: u32) -> Fixture {
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ u64::from(n));
-        let mut cfg = LeaseConfig::new(EngineShape {
-            num_kv_blocks: n,
-            max_num_seqs: 0,
-        });
-        cfg.lease_capacity = n;
-        cfg.lease_slots = n;
-        cfg.validate().expect("valid config");
+        let mut rng = SplitMix64::new(0x9e37_79b9_7f4a_7c15 ^ u64::from(n));
+        let cfg = lease_config(n);
         let ids: Vec<String> = (0..n).map(|_| request_id(&mut rng)).collect();
-        let mut book = LeaseBook::new(&cfg, T0);
-        let mut map = HashMap::with_capacity(n as usize);
-        let mut lease_fields = Vec::with_capacity(n as usize);
-        for id in &ids {
-            let g = book.grant(id, T0).expect("grant");
-            lease_fields.push(g.lease_fields().expect("a slot for every lease"));
-            map.insert(id.clone(), g.expiry);
-        }
+        let (book, map, lease_fields) = granted_book(&cfg, &ids, T0);
         let order = permutation(n, &mut rng);
         let count = (n as usize).div_ceil(IDS_PER_MSG);
         let mut msgs = Messages {

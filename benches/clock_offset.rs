@@ -14,14 +14,12 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use kvlease::clock_offset::{ClockOffset, ClockOffsetConfig};
 use kvlease::clock_ping::{self, ClockPinger};
 use kvlease::fabric::ClockSample;
+use kvlease::testkit::SplitMix64;
 use kvlease::Instant;
-
-mod common;
-use common::Rng;
 
 const N: usize = 1024;
 
-fn samples(rng: &mut Rng) -> Vec<ClockSample> {
+fn samples(rng: &mut SplitMix64) -> Vec<ClockSample> {
     (0..N)
         .map(|i| {
             let send = 1_000_000_000 + i as u64 * 20_000_000;
@@ -36,7 +34,7 @@ fn samples(rng: &mut Rng) -> Vec<ClockSample> {
 }
 
 fn bench(c: &mut Criterion) {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = SplitMix64::new(0x9e37_79b9_7f4a_7c15);
     let samples = samples(&mut rng);
     let deadlines: Vec<Instant> = (0..N)
         .map(|_| Instant::from_secs(3_600 + rng.below(600)))

@@ -33,14 +33,14 @@ use criterion::{
 };
 use kvlease::ipc::directive::{self, Directive, DirectiveMsg, DirectiveOp};
 use kvlease::ipc::report::{self, RankReport, ReportMsg};
+use kvlease::testkit::SplitMix64;
 use kvlease::wire::{self, CompactEntry};
 use kvlease::{
-    EngineShape, Instant, LeaseBook, LeaseConfig, LeaseSlots, Nonce, PrefillRank, PrefillScheduler,
-    ReleaseReason, SlotTicket,
+    Instant, LeaseBook, LeaseSlots, Nonce, PrefillRank, PrefillScheduler, ReleaseReason, SlotTicket,
 };
 
 mod common;
-use common::{map_poll, permutation, request_id, Rng};
+use common::{granted_book, lease_config, map_poll, permutation, request_id};
 
 const SIZES: [u32; 4] = [1_000, 10_000, 100_000, 1_000_000];
 const STEP: Duration = Duration::from_millis(20);
@@ -48,17 +48,6 @@ const IDS_PER_MSG: usize = 256;
 const MSGS_PER_STEP: usize = 8;
 const CHURN: usize = 64;
 const T0: Instant = Instant::from_secs(1_000);
-
-fn config(n: u32) -> LeaseConfig {
-    let mut cfg = LeaseConfig::new(EngineShape {
-        num_kv_blocks: n,
-        max_num_seqs: 0,
-    });
-    cfg.lease_capacity = n;
-    cfg.lease_slots = n;
-    cfg.validate().expect("valid config");
-    cfg
-}
 
 fn group<'a>(c: &'a mut Criterion, name: &str, n: u32) -> BenchmarkGroup<'a, WallTime> {
     let mut g = c.benchmark_group(name);
@@ -109,20 +98,13 @@ struct RankFixture {
 }
 
 fn rank_fixture(n: u32) -> RankFixture {
-    let cfg = config(n);
-    let mut rng = Rng(0x51ed_270b_27a9_3c11 ^ u64::from(n));
+    let cfg = lease_config(n);
+    let mut rng = SplitMix64::new(0x51ed_270b_27a9_3c11 ^ u64::from(n));
     let ids: Vec<String> = (0..n).map(|_| request_id(&mut rng)).collect();
     let mut sched = PrefillScheduler::new(&cfg, 1, T0).expect("scheduler");
     let mut rank = PrefillRank::new(&cfg, 0, Arc::new(LeaseSlots::new(n)), T0).expect("rank");
     let leases = populate(&mut sched, &mut [&mut rank], &ids);
-    let mut book = LeaseBook::new(&cfg, T0);
-    let mut map = HashMap::with_capacity(n as usize);
-    let mut book_fields = Vec::with_capacity(n as usize);
-    for id in &ids {
-        let g = book.grant(id, T0).expect("grant");
-        book_fields.push(g.lease_fields().expect("slot"));
-        map.insert(id.clone(), g.expiry);
-    }
+    let (book, map, _) = granted_book(&cfg, &ids, T0);
     let order = permutation(n, &mut rng);
     let count = (n as usize).div_ceil(IDS_PER_MSG);
     let mut scratch = vec![0u8; 64 * 1024];
@@ -255,8 +237,8 @@ struct SchedFixture {
 }
 
 fn sched_fixture(n: u32) -> SchedFixture {
-    let cfg = config(n);
-    let mut rng = Rng(0x2f1d_7c53_96e4_0a8b ^ u64::from(n));
+    let cfg = lease_config(n);
+    let mut rng = SplitMix64::new(0x2f1d_7c53_96e4_0a8b ^ u64::from(n));
     // Twice as many ids as leases: the churn grants fresh ones.
     let ids: Vec<String> = (0..2 * n).map(|_| request_id(&mut rng)).collect();
     let mut sched = PrefillScheduler::new(&cfg, 1, T0).expect("scheduler");
@@ -399,7 +381,7 @@ fn bench_sched_step(c: &mut Criterion, f: &mut SchedFixture) {
 fn bench_msg(c: &mut Criterion) {
     let mut g = group(c, "roles_msg", 0);
     g.throughput(Throughput::Elements(IDS_PER_MSG as u64));
-    let mut rng = Rng(7);
+    let mut rng = SplitMix64::new(7);
     let ids: Vec<String> = (0..IDS_PER_MSG).map(|_| request_id(&mut rng)).collect();
     let directives: Vec<Directive<'_>> = ids
         .iter()

@@ -26,6 +26,9 @@ use kvlease::consumer::{HeartbeatTracker, RemotePrefillParams};
 use kvlease::ipc::plan::HeartbeatPlan;
 use kvlease::{EngineShape, Instant, LeaseConfig};
 
+mod common;
+use common::uuid_request_id;
+
 const REQUESTS: usize = 10_000;
 const ENGINES: usize = 16;
 
@@ -34,14 +37,7 @@ const ENGINES: usize = 16;
 fn vllm_id(prefix: &str, n: u64) -> String {
     let a = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let b = a.rotate_left(29) ^ 0xbf58_476d_1ce4_e5b9;
-    format!(
-        "{prefix}-{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}-0",
-        a >> 32,
-        (a >> 16) & 0xffff,
-        a & 0xfff,
-        (b >> 48) | 0x8000,
-        b & 0xffff_ffff_ffff
-    )
+    uuid_request_id(prefix, a, b)
 }
 
 struct Workload {

@@ -38,11 +38,12 @@ use criterion::{
     criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, SamplingMode,
     Throughput,
 };
+use kvlease::testkit::SplitMix64;
 use kvlease::wheel::TimerWheel;
 use kvlease::Instant;
 
 mod common;
-use common::{map_poll, permutation, request_id, Rng};
+use common::{map_poll, permutation, request_id};
 
 const SIZES: [u32; 4] = [1_000, 10_000, 100_000, 1_000_000];
 const TICK: Duration = Duration::from_millis(10);
@@ -62,7 +63,7 @@ const QUIET_STEPS: u32 = 470;
 const RENEW_CYCLE_STEPS: u32 = 400;
 
 /// A deadline uniformly in `now + 10 s .. now + 60 s`.
-fn spread_deadline(rng: &mut Rng, now: Instant) -> Instant {
+fn spread_deadline(rng: &mut SplitMix64, now: Instant) -> Instant {
     now + Duration::from_secs(10) + Duration::from_nanos(rng.below(50_000_000_000))
 }
 
@@ -83,7 +84,7 @@ struct MapSide {
 /// entries `n..n + BATCH` are the insert bench's, `n + BATCH..` the victims.
 struct Fixture {
     n: u32,
-    rng: Rng,
+    rng: SplitMix64,
     keys: Vec<String>,
     /// Random renewal order.
     order: Vec<u32>,
@@ -96,7 +97,7 @@ struct Fixture {
 
 impl Fixture {
     fn build(n: u32) -> Fixture {
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ u64::from(n));
+        let mut rng = SplitMix64::new(0x9e37_79b9_7f4a_7c15 ^ u64::from(n));
         let keys: Vec<String> = (0..n).map(|_| request_id(&mut rng)).collect();
         let capacity = n + BATCH + K_MAX;
         // Horizon 60 s: the 10 s..60 s deadlines sit on the near level, as a

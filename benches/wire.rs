@@ -11,44 +11,43 @@
 use std::hint::black_box;
 use std::time::Duration;
 
+use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
+use kvlease::testkit::SplitMix64;
 use kvlease::wire::{self, CompactEntry, Notification};
 use kvlease::Nonce;
 
 mod common;
-use common::Rng;
+use common::uuid_request_id;
 
 const ENTRIES: usize = 256;
 
 /// `cmpl-xxxxxxxx-xxxx-4xxx-yxxx-xxxxxxxxxxxx-0`, like vLLM's request ids.
-fn vllm_ids(rng: &mut Rng) -> Vec<String> {
+fn vllm_ids(rng: &mut SplitMix64) -> Vec<String> {
     (0..ENTRIES)
         .map(|_| {
-            let (a, b) = (rng.next(), rng.next());
-            format!(
-                "cmpl-{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}-0",
-                a >> 32,
-                (a >> 16) & 0xffff,
-                a & 0xfff,
-                (b >> 48) | 0x8000,
-                b & 0xffff_ffff_ffff
-            )
+            let (a, b) = (rng.next_u64(), rng.next_u64());
+            uuid_request_id("cmpl", a, b)
         })
         .collect()
 }
 
-fn compact_entries(rng: &mut Rng) -> Vec<CompactEntry> {
+fn compact_entries(rng: &mut SplitMix64) -> Vec<CompactEntry> {
     (0..ENTRIES)
         .map(|_| CompactEntry {
-            slot: (rng.next() % 100_000) as u32,
-            nonce: Nonce::new(rng.next() | 1).expect("odd, so non-zero"),
+            slot: (rng.next_u64() % 100_000) as u32,
+            nonce: Nonce::new(rng.next_u64() | 1).expect("odd, so non-zero"),
         })
         .collect()
 }
 
-fn configure<M: criterion::measurement::Measurement>(g: &mut BenchmarkGroup<'_, M>) {
+/// A group over one message of `bytes` bytes, with the file's timings.
+fn group<'a>(c: &'a mut Criterion, name: &str, bytes: usize) -> BenchmarkGroup<'a, WallTime> {
+    let mut g = c.benchmark_group(name);
     g.warm_up_time(Duration::from_secs(1));
     g.measurement_time(Duration::from_secs(3));
+    g.throughput(Throughput::Bytes(bytes as u64));
+    g
 }
 
 fn one_message(f: impl FnOnce(&mut [u8], &mut dyn FnMut(&[u8]))) -> Vec<u8> {
@@ -60,15 +59,13 @@ fn one_message(f: impl FnOnce(&mut [u8], &mut dyn FnMut(&[u8]))) -> Vec<u8> {
 }
 
 fn bench_heartbeat(c: &mut Criterion) {
-    let ids = vllm_ids(&mut Rng(1));
+    let ids = vllm_ids(&mut SplitMix64::new(1));
     let msg = one_message(|scratch, emit| {
         wire::encode_heartbeats(ids.iter().map(String::as_str), 1 << 16, scratch, emit)
             .expect("encode");
     });
 
-    let mut g = c.benchmark_group("wire/heartbeat_decode_256");
-    configure(&mut g);
-    g.throughput(Throughput::Bytes(msg.len() as u64));
+    let mut g = group(c, "wire/heartbeat_decode_256", msg.len());
     g.bench_function("kvlease", |b| {
         b.iter(|| {
             let mut total = 0usize;
@@ -90,9 +87,7 @@ fn bench_heartbeat(c: &mut Criterion) {
     });
     g.finish();
 
-    let mut g = c.benchmark_group("wire/heartbeat_encode_256");
-    configure(&mut g);
-    g.throughput(Throughput::Bytes(msg.len() as u64));
+    let mut g = group(c, "wire/heartbeat_encode_256", msg.len());
     let mut scratch = vec![0u8; 1 << 16];
     g.bench_function("kvlease", |b| {
         b.iter(|| {
@@ -140,15 +135,13 @@ fn bench_heartbeat(c: &mut Criterion) {
 }
 
 fn bench_compact(c: &mut Criterion) {
-    let entries = compact_entries(&mut Rng(2));
+    let entries = compact_entries(&mut SplitMix64::new(2));
     let msg = one_message(|scratch, emit| {
         wire::encode_compact_heartbeats(entries.iter().copied(), 1 << 16, scratch, emit)
             .expect("encode");
     });
 
-    let mut g = c.benchmark_group("wire/compact_decode_256");
-    configure(&mut g);
-    g.throughput(Throughput::Bytes(msg.len() as u64));
+    let mut g = group(c, "wire/compact_decode_256", msg.len());
     g.bench_function("kvlease", |b| {
         b.iter(|| {
             let mut acc = 0u64;
@@ -178,9 +171,7 @@ fn bench_compact(c: &mut Criterion) {
     });
     g.finish();
 
-    let mut g = c.benchmark_group("wire/compact_encode_256");
-    configure(&mut g);
-    g.throughput(Throughput::Bytes(msg.len() as u64));
+    let mut g = group(c, "wire/compact_encode_256", msg.len());
     let mut scratch = vec![0u8; 1 << 16];
     g.bench_function("kvlease", |b| {
         b.iter(|| {

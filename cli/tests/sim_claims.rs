@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{run, sim};
+use common::{run, sim, verify_and_noverify};
 
 /// An expiry is seen at the next P step (an idle P polls every 50 ms) and
 /// the wheel is one tick late at most: the slack on protocol bounds.
@@ -76,17 +76,7 @@ fn under_overload_leases_free_nothing_prematurely_and_a_30_s_timeout_does() {
 
 #[test]
 fn with_heartbeat_loss_verification_fails_every_stale_read_and_no_verification_corrupts() {
-    let out = sim(&[
-        "--scenario",
-        "heartbeat-loss",
-        "--policy",
-        "lease+verify,lease-noverify",
-        "--seed",
-        "11",
-    ]);
-    let r = &out.report;
-    let v = run(r, "heartbeat-loss", "lease+verify");
-    let n = run(r, "heartbeat-loss", "lease-noverify");
+    let (v, n) = verify_and_noverify("heartbeat-loss", &["--seed", "11"]);
     assert!(v.premature_frees > 0, "leases must lapse while D is alive");
     assert!(v.stale_reads > 0);
     assert_eq!(
@@ -106,14 +96,7 @@ fn with_heartbeat_loss_verification_fails_every_stale_read_and_no_verification_c
 
 #[test]
 fn a_lease_lapsing_mid_read_is_caught_and_uncaught_without_verification() {
-    let out = sim(&[
-        "--scenario",
-        "midread-lapse",
-        "--policy",
-        "lease+verify,lease-noverify",
-    ]);
-    let v = run(&out.report, "midread-lapse", "lease+verify");
-    let n = run(&out.report, "midread-lapse", "lease-noverify");
+    let (v, n) = verify_and_noverify("midread-lapse", &[]);
     assert!(
         v.mid_read_frees > 0,
         "P must free blocks while D's READ runs"
@@ -126,13 +109,7 @@ fn a_lease_lapsing_mid_read_is_caught_and_uncaught_without_verification() {
 
 #[test]
 fn exhausted_slots_make_unverifiable_loads_not_corrupt_ones() {
-    let out = sim(&[
-        "--scenario",
-        "slot-exhaustion",
-        "--policy",
-        "lease+verify,lease-noverify",
-    ]);
-    let v = run(&out.report, "slot-exhaustion", "lease+verify");
+    let (v, n) = verify_and_noverify("slot-exhaustion", &[]);
     assert!(v.granted_without_slot > 0);
     assert!(
         v.unverifiable > 0,
@@ -140,7 +117,6 @@ fn exhausted_slots_make_unverifiable_loads_not_corrupt_ones() {
     );
     assert_eq!(v.unverifiable, v.failed_loads);
     assert_eq!(v.silent_corruptions, 0);
-    let n = run(&out.report, "slot-exhaustion", "lease-noverify");
     // Verification off: no lease has a slot, and none is checked.
     assert!(n.granted_without_slot >= n.completed);
     assert_eq!(n.unverifiable, 0);
@@ -149,20 +125,13 @@ fn exhausted_slots_make_unverifiable_loads_not_corrupt_ones() {
 
 #[test]
 fn a_deaf_rank_fails_loads_closed_without_freeing_blocks_early() {
-    let out = sim(&[
-        "--scenario",
-        "rank-divergence",
-        "--policy",
-        "lease+verify,lease-noverify",
-    ]);
-    let v = run(&out.report, "rank-divergence", "lease+verify");
+    let (v, n) = verify_and_noverify("rank-divergence", &[]);
     // The deaf rank zeroes its slots alone: checks fail there...
     assert!(v.failed_loads > 0);
     // ... while the other rank holds, so no block is freed early or read stale.
     assert_eq!(v.premature_frees, 0);
     assert_eq!(v.stale_reads, 0);
     assert_eq!(v.silent_corruptions, 0);
-    let n = run(&out.report, "rank-divergence", "lease-noverify");
     assert_eq!(n.silent_corruptions, 0, "the blocks were never freed early");
 }
 

@@ -12,9 +12,14 @@
 
 use core::time::Duration;
 
+use arbitrary::Arbitrary;
 use kvlease::clock_ping::{self, ClockMessage, ClockPinger, PING_PREFIX, PONG_PREFIX};
 use kvlease::Instant;
 use libfuzzer_sys::fuzz_target;
+
+#[path = "common/mod.rs"]
+mod common;
+use common::program;
 
 fuzz_target!(|data: &[u8]| {
     check_decode(data);
@@ -80,25 +85,46 @@ fn check_decode(msg: &[u8]) {
     }
 }
 
+/// One pinger step: time passes by `arg` ms, then `kind` happens.
+#[derive(Debug, Arbitrary)]
+struct PingerOp {
+    kind: PingerKind,
+    /// Milliseconds of time first; also the pong's remote clock (ns) and,
+    /// mixed, the foreign pong's token.
+    arg: u8,
+}
+
+#[derive(Debug, Arbitrary)]
+enum PingerKind {
+    /// A ping goes out (its token is remembered).
+    Ping,
+    /// The pong to the last ping arrives.
+    Pong,
+    /// A pong for a token never sent arrives.
+    ForeignPong,
+    /// The pinger is asked whether a ping is due.
+    Due,
+}
+
 fn check_pinger(data: &[u8]) {
     let mut p = ClockPinger::new(0, Duration::from_millis(5));
     let mut now = 0u64;
     let mut last_token = None;
     let mut pings_answered = 0u64;
     let mut buf = [0u8; clock_ping::PING_LEN];
-    for pair in data.chunks(2) {
-        let (op, arg) = (pair[0], u64::from(*pair.get(1).unwrap_or(&0)));
+    for PingerOp { kind, arg } in program::<PingerOp>(data) {
+        let arg = u64::from(arg);
         now += arg;
         let t = Instant::from_millis(now);
-        match op % 4 {
-            0 => {
+        match kind {
+            PingerKind::Ping => {
                 p.ping(t, &mut buf).expect("buffer fits");
                 let Some(Ok(ClockMessage::Ping { token })) = clock_ping::decode(&buf) else {
                     panic!("own ping does not decode");
                 };
                 last_token = Some(token);
             }
-            1 => {
+            PingerKind::Pong => {
                 if let Some(token) = last_token {
                     if let Some(s) = p.on_pong(token, Instant::from_nanos(arg), t) {
                         assert!(s.local_send <= s.local_recv);
@@ -106,13 +132,13 @@ fn check_pinger(data: &[u8]) {
                     }
                 }
             }
-            2 => {
+            PingerKind::ForeignPong => {
                 assert!(
                     p.on_pong(arg ^ 0xdead_beef, Instant::ZERO, t).is_none()
                         || Some(arg ^ 0xdead_beef) == last_token
                 );
             }
-            _ => {
+            PingerKind::Due => {
                 let _ = p.due(t);
             }
         }

@@ -12,11 +12,16 @@
 //!    `plan_len`, and carry the tracker's engines.
 #![no_main]
 
+use arbitrary::Arbitrary;
 use kvlease::consumer::{EngineHandle, HeartbeatTracker, RemotePrefillParams};
 use kvlease::ipc::plan::{self, HeartbeatPlan, ENGINE_RECORD_LEN, MEMBER_RECORD_LEN};
-use kvlease::ipc::{MsgKind, FRAME_MAGIC, FRAME_VERSION, FROM_SCHEDULER};
+use kvlease::ipc::{MsgKind, FROM_SCHEDULER};
 use kvlease::{EngineShape, Instant, LeaseConfig};
 use libfuzzer_sys::fuzz_target;
+
+#[path = "common/mod.rs"]
+mod common;
+use common::{program, upto, Frame};
 
 fuzz_target!(|data: &[u8]| {
     check_message(data);
@@ -61,27 +66,56 @@ fn framed(data: &[u8]) -> Vec<u8> {
         [a, b, ..] => (u32::from(a % 6), u32::from(b % 12)),
         _ => (0, 0),
     };
-    let body = data.get(2..).unwrap_or_default();
-    let sections = records as usize * ENGINE_RECORD_LEN + extras as usize * MEMBER_RECORD_LEN;
-    let ids_len = body.len().saturating_sub(sections) as u32;
-    let mut out = Vec::with_capacity(32 + body.len());
-    out.extend_from_slice(&FRAME_MAGIC);
-    out.extend_from_slice(&FRAME_VERSION.to_le_bytes());
-    out.extend_from_slice(&MsgKind::HeartbeatPlan.code().to_le_bytes());
-    out.extend_from_slice(&FROM_SCHEDULER.to_le_bytes());
-    out.extend_from_slice(&7u32.to_le_bytes());
-    out.extend_from_slice(&records.to_le_bytes());
-    out.extend_from_slice(&extras.to_le_bytes());
-    out.extend_from_slice(&ids_len.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
-    out.extend_from_slice(body);
-    out
+    Frame {
+        kind: MsgKind::HeartbeatPlan,
+        sender: FROM_SCHEDULER,
+        seq: 7,
+        records,
+        record_len: ENGINE_RECORD_LEN,
+        extras,
+        extra_len: MEMBER_RECORD_LEN,
+    }
+    .wrap(data.get(2..).unwrap_or_default())
 }
 
 const IDS: [&str; 6] = ["a", "cmpl-0123", "ü", "x-y:z", "longer-request-id-42", "b"];
 const ENGINES: [&str; 4] = ["e0", "e1", "prefill-é", "e3"];
 
-/// Runs `data` as tracker operations, three bytes each.
+/// One tracker operation; the input, read as a program, is a sequence of them.
+#[derive(Debug, Arbitrary)]
+enum TrackerOp {
+    /// A remote-prefill request arrives for D-side id `d{d}`.
+    Arrive {
+        #[arbitrary(with = upto::<23>)]
+        d: u8,
+        /// P-side id: `IDS[id]-{n}`; `n * 7` is also the lease slot.
+        #[arbitrary(with = upto::<5>)]
+        id: u8,
+        n: u8,
+        #[arbitrary(with = upto::<3>)]
+        engine: u8,
+        #[arbitrary(with = upto::<3>)]
+        tp_minus_one: u8,
+        #[arbitrary(with = upto::<7>)]
+        pp: u8,
+        /// The lease nonce (shifted left 3) when the request carries a lease.
+        lease: Option<u8>,
+    },
+    /// D-side id `d{d}` finishes, then the tracker is told which engines
+    /// are live (an engine handle that may be stale or unknown).
+    Finish {
+        #[arbitrary(with = upto::<23>)]
+        d: u8,
+        #[arbitrary(with = upto::<4>)]
+        index: u8,
+        #[arbitrary(with = upto::<3>)]
+        generation: u8,
+    },
+    /// Time passes by `ticks * 40 ms`, then a plan is encoded and checked.
+    Plan { ticks: u8 },
+}
+
+/// Runs `data` as a tracker program.
 fn check_tracker(data: &[u8]) {
     let mut c = LeaseConfig::new(EngineShape {
         num_kv_blocks: 64,
@@ -96,35 +130,45 @@ fn check_tracker(data: &[u8]) {
     let mut t = HeartbeatTracker::new(&c);
     let mut now = Instant::from_secs(1);
     let mut buf = vec![0u8; 1 << 14];
-    for op in data.chunks_exact(3) {
-        let (a, b, x) = (op[0], op[1], op[2]);
-        let d = format!("d{}", b % 24);
-        match a % 4 {
-            0 | 1 => {
-                let p = format!("{}-{}", IDS[usize::from(x) % IDS.len()], b);
+    for op in program::<TrackerOp>(data) {
+        match op {
+            TrackerOp::Arrive {
+                d,
+                id,
+                n,
+                engine,
+                tp_minus_one,
+                pp,
+                lease,
+            } => {
+                let p = format!("{}-{}", IDS[usize::from(id)], n);
                 let params = RemotePrefillParams {
                     do_remote_prefill: true,
-                    remote_engine_id: Some(ENGINES[usize::from(a >> 2) % ENGINES.len()]),
+                    remote_engine_id: Some(ENGINES[usize::from(engine)]),
                     remote_request_id: Some(&p),
                     remote_host: Some("10.0.0.1"),
                     remote_port: Some(5600),
-                    tp_size: Some(1 + u32::from(x % 4)),
-                    pp_size: Some(u32::from(a >> 5)),
-                    remote_lease_slot: (x % 3 != 0).then_some(u32::from(b) * 7),
-                    remote_lease_nonce: (x % 3 != 0).then_some(u64::from(x) << 3),
+                    tp_size: Some(1 + u32::from(tp_minus_one)),
+                    pp_size: Some(u32::from(pp)),
+                    remote_lease_slot: lease.map(|_| u32::from(n) * 7),
+                    remote_lease_nonce: lease.map(|x| u64::from(x) << 3),
                     ..Default::default()
                 };
-                let _ = t.on_new_request(&d, &params, now);
+                let _ = t.on_new_request(&format!("d{d}"), &params, now);
             }
-            2 => {
-                let _ = t.on_request_finished(&d);
+            TrackerOp::Finish {
+                d,
+                index,
+                generation,
+            } => {
+                let _ = t.on_request_finished(&format!("d{d}"));
                 t.request_engines([EngineHandle {
-                    index: u32::from(x % 5),
-                    generation: u32::from(b % 4),
+                    index: u32::from(index),
+                    generation: u32::from(generation),
                 }]);
             }
-            _ => {
-                now = now + std::time::Duration::from_millis(u64::from(x) * 40);
+            TrackerOp::Plan { ticks } => {
+                now = now + std::time::Duration::from_millis(u64::from(ticks) * 40);
                 let len = t.plan_len(now);
                 let live = t.engine_count();
                 let n = t

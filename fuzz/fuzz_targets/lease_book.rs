@@ -4,24 +4,32 @@
 //! raw notifications. Any panic is a bug: a broken invariant in the model
 //! check, or a panic reachable from bytes off the wire.
 //!
-//! Input: `[shape byte][program bytes] 0x00 [notification] 0x0a [notification] ...`
+//! The input is drawn with `arbitrary`: a shape byte, the operation
+//! program, then the rest of the bytes as `\n`-separated notifications.
 #![no_main]
 
+use arbitrary::Arbitrary;
 use kvlease::testkit::{RolesHarness, RolesOp};
 use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig};
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
-    let Some((&shape, rest)) = data.split_first() else {
-        return;
-    };
-    let (program, notifications) = match rest.iter().position(|&b| b == 0) {
-        Some(i) => (&rest[..i], &rest[i + 1..]),
-        None => (rest, &[][..]),
-    };
+#[derive(Debug, Arbitrary)]
+struct Input<'a> {
+    /// Picks the harness's settings (see `RolesHarness::new`).
+    shape: u8,
+    program: Vec<RolesOp>,
+    /// Raw notification bytes, as they would come off the wire.
+    notifications: &'a [u8],
+}
 
+fuzz_target!(|input: Input<'_>| {
+    let Input {
+        shape,
+        program,
+        notifications,
+    } = input;
     let mut h = RolesHarness::new(shape);
-    for op in RolesOp::decode(program) {
+    for op in program {
         h.apply(op);
     }
 

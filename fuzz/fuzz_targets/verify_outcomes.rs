@@ -11,9 +11,13 @@
 
 use kvlease::consumer::{HeartbeatTracker, RemotePrefillParams};
 use kvlease::ipc::outcome::{self, OutcomeMsg, OWED_RECORD_LEN, RECORD_LEN};
-use kvlease::ipc::{MsgKind, FRAME_MAGIC, FRAME_VERSION};
+use kvlease::ipc::MsgKind;
 use kvlease::{EngineShape, Instant, LeaseConfig};
 use libfuzzer_sys::fuzz_target;
+
+#[path = "common/mod.rs"]
+mod common;
+use common::Frame;
 
 fuzz_target!(|data: &[u8]| {
     check(data);
@@ -84,19 +88,14 @@ fn framed(data: &[u8]) -> Vec<u8> {
         [a, b, r, ..] => (u32::from(a % 8), u32::from(b % 4), u32::from(r % 4)),
         _ => (0, 0, 0),
     };
-    let body = data.get(3..).unwrap_or_default();
-    let sections = records as usize * RECORD_LEN + extras as usize * OWED_RECORD_LEN;
-    let ids_len = body.len().saturating_sub(sections) as u32;
-    let mut out = Vec::with_capacity(32 + body.len());
-    out.extend_from_slice(&FRAME_MAGIC);
-    out.extend_from_slice(&FRAME_VERSION.to_le_bytes());
-    out.extend_from_slice(&MsgKind::VerifyOutcomes.code().to_le_bytes());
-    out.extend_from_slice(&rank.to_le_bytes());
-    out.extend_from_slice(&3u32.to_le_bytes());
-    out.extend_from_slice(&records.to_le_bytes());
-    out.extend_from_slice(&extras.to_le_bytes());
-    out.extend_from_slice(&ids_len.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
-    out.extend_from_slice(body);
-    out
+    Frame {
+        kind: MsgKind::VerifyOutcomes,
+        sender: rank,
+        seq: 3,
+        records,
+        record_len: RECORD_LEN,
+        extras,
+        extra_len: OWED_RECORD_LEN,
+    }
+    .wrap(data.get(3..).unwrap_or_default())
 }

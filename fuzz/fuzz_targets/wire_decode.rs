@@ -169,14 +169,7 @@ fn check_decode(data: &[u8]) {
             let limit = 28 + data.len() / 4;
             let (msgs, _) = encode_compact(entries.clone(), limit);
             assert!(msgs.iter().all(|m| m.len() <= limit));
-            let back: Vec<CompactEntry> = msgs
-                .iter()
-                .flat_map(|m| match wire::decode(m) {
-                    Ok(Notification::CompactHeartbeat(e)) => e.collect::<Vec<_>>(),
-                    other => panic!("{other:?}"),
-                })
-                .collect();
-            assert_eq!(back, entries.collect::<Vec<_>>());
+            assert_eq!(compact_entries(&msgs), entries.collect::<Vec<_>>());
         }
         Notification::ReadDone(r) => {
             let mut out = vec![0u8; wire::read_done_len(r.request_id, r.consumers, r.nonce)];
@@ -221,6 +214,16 @@ fn encode_compact(
         wire::encode_compact_heartbeats(entries, max_len, &mut scratch, |m| out.push(m.to_vec()))
             .expect("valid limit and scratch");
     (out, stats)
+}
+
+/// Every entry of the compact heartbeats `msgs`, in order (each must be one).
+fn compact_entries(msgs: &[Vec<u8>]) -> Vec<CompactEntry> {
+    msgs.iter()
+        .flat_map(|m| match wire::decode(m) {
+            Ok(Notification::CompactHeartbeat(e)) => e.collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        })
+        .collect()
 }
 
 fn heartbeat_ids(msg: &[u8]) -> Vec<String> {
@@ -271,12 +274,5 @@ fn check_compact_batch(data: &[u8]) {
     let (msgs, stats) = encode_compact(entries.iter().copied(), max_len);
     assert!(msgs.iter().all(|m| m.len() <= max_len));
     assert_eq!(stats.entries as usize, entries.len());
-    let back: Vec<CompactEntry> = msgs
-        .iter()
-        .flat_map(|m| match wire::decode(m) {
-            Ok(Notification::CompactHeartbeat(e)) => e.collect::<Vec<_>>(),
-            other => panic!("{other:?}"),
-        })
-        .collect();
-    assert_eq!(back, entries);
+    assert_eq!(compact_entries(&msgs), entries);
 }

@@ -11,8 +11,9 @@
 //! for some ranks and not others (per-rank drops), and ranks expire on their
 //! own.
 //!
-//! [`RolesOp::decode`] turns arbitrary bytes into operations (every byte
-//! string is a valid program), [`RolesHarness::apply`] runs one on the roles
+//! [`RolesOp`] derives [`Arbitrary`], so any byte string is a valid program
+//! (the fuzz target draws a `Vec<RolesOp>`, [`RolesOp::decode`] a fixed
+//! number of them), [`RolesHarness::apply`] runs one on the roles
 //! and on the model and panics, with the reason, on the first disagreement
 //! or broken invariant. A panic here is a bug in the roles, not in the input.
 //!
@@ -35,6 +36,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arbitrary::{Arbitrary, Unstructured};
+
 use crate::config::{EngineShape, LeaseConfig};
 use crate::lease_fields::LeaseFields;
 use crate::nonce::{Nonce, NonceSource};
@@ -53,7 +56,7 @@ pub use crate::rng::SplitMix64;
 const IDS: usize = 12;
 
 /// Which nonce an operation presents.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Arbitrary)]
 pub enum NoncePick {
     /// The current lease's nonce (or a random one if there is none).
     Current,
@@ -63,22 +66,28 @@ pub enum NoncePick {
     Absent,
 }
 
-/// One operation on the roles.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One operation on the roles. `Arbitrary` draws every field within the
+/// range the harness gives meaning to (ids inside the id universe, slots
+/// and ranks a little past the real ones), so every byte string is a valid
+/// program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Arbitrary)]
 pub enum RolesOp {
     /// The scheduler grants (assigns and starts) a lease to id number `id`.
     Grant {
         /// Index into the id universe.
+        #[arbitrary(with = id_index)]
         id: u8,
     },
     /// The scheduler assigns id number `id` (prefill scheduled).
     Assign {
         /// Index into the id universe.
+        #[arbitrary(with = id_index)]
         id: u8,
     },
     /// The scheduler starts id number `id`'s lease (prefill done).
     Start {
         /// Index into the id universe.
+        #[arbitrary(with = id_index)]
         id: u8,
     },
     /// A text heartbeat for the ids whose bits are set in `mask` (ids
@@ -87,24 +96,30 @@ pub enum RolesOp {
         /// Bit i: id number i is in the heartbeat.
         mask: u8,
         /// Bit r: rank r receives it (the others lose it).
+        #[arbitrary(with = rank_mask)]
         ranks: u8,
     },
     /// A compact heartbeat for `slot` with the chosen nonce, to `ranks`.
     RenewSlot {
         /// Slot index (may be out of range).
+        #[arbitrary(with = |u: &mut Unstructured| u.int_in_range(0..=15))]
         slot: u8,
         /// Which nonce.
         nonce: NoncePick,
         /// Bit r: rank r receives it.
+        #[arbitrary(with = rank_mask)]
         ranks: u8,
     },
     /// A read-done notification received by one rank.
     ReadDone {
         /// The rank (may be out of range).
+        #[arbitrary(with = |u: &mut Unstructured| u.int_in_range(0..=3))]
         rank: u8,
         /// Index into the id universe.
+        #[arbitrary(with = id_index)]
         id: u8,
         /// Expected consumers claimed by the notification.
+        #[arbitrary(with = |u: &mut Unstructured| u.int_in_range(0..=2))]
         consumers: u8,
         /// Which nonce.
         nonce: NoncePick,
@@ -112,6 +127,7 @@ pub enum RolesOp {
     /// The scheduler cancels id number `id`.
     Cancel {
         /// Index into the id universe.
+        #[arbitrary(with = id_index)]
         id: u8,
     },
     /// One engine step's IPC: directives to every rank, then every rank's
@@ -120,6 +136,7 @@ pub enum RolesOp {
     /// Time passes by `ms` milliseconds, then every rank polls.
     Advance {
         /// Milliseconds.
+        #[arbitrary(with = advance_ms)]
         ms: u32,
     },
     /// The engine drains released leases.
@@ -127,48 +144,51 @@ pub enum RolesOp {
     /// The engine frees the blocks of the `n` oldest drained leases.
     FreeBlocks {
         /// How many.
+        #[arbitrary(with = |u: &mut Unstructured| u.int_in_range(0..=3))]
         n: u8,
     },
 }
 
+/// An index into the id universe (the last id is the over-long one).
+fn id_index(u: &mut Unstructured<'_>) -> arbitrary::Result<u8> {
+    u.int_in_range(0..=IDS as u8 - 1)
+}
+
+/// Half the notifications reach every rank; the rest are lost on the ranks
+/// whose bits are clear, so that ranks diverge now and then but not always.
+fn rank_mask(u: &mut Unstructured<'_>) -> arbitrary::Result<u8> {
+    Ok(if u.arbitrary()? { 0xFF } else { u.arbitrary()? })
+}
+
+/// Up to about 260 s, mostly short: the square spreads the draws over wheel
+/// ticks (1 to 100 ms), lease extensions and whole lease durations alike.
+fn advance_ms(u: &mut Unstructured<'_>) -> arbitrary::Result<u32> {
+    let coarse = u32::from(u.arbitrary::<u8>()?);
+    let fine = u32::from(u.int_in_range(0..=15u8)?);
+    Ok(coarse * coarse * 4 + fine)
+}
+
 impl RolesOp {
-    /// Decodes a whole program from bytes: two bytes per operation, a
-    /// trailing odd byte ignored. Every input is a valid program.
+    /// A program of exactly `bytes.len() / 2` operations, each drawn with
+    /// the derived [`Arbitrary`]. Every byte string is a valid program.
+    ///
+    /// The fuzz target draws a `Vec<RolesOp>` directly; this adapter keeps
+    /// the older two-bytes-per-operation contract that seeded randomized
+    /// tests count on (`tests/book_model.rs` checks how many operations
+    /// ran). An operation takes about six bytes, so when the bytes run out
+    /// drawing starts again one byte further into them: the program keeps
+    /// its length and keeps varying instead of ending in filler.
     pub fn decode(bytes: &[u8]) -> impl Iterator<Item = RolesOp> + '_ {
-        bytes.chunks_exact(2).map(|c| {
-            let (a, b) = (c[0], c[1]);
-            let pick = match b >> 6 {
-                0 | 1 => NoncePick::Current,
-                2 => NoncePick::Stale,
-                _ => NoncePick::Absent,
-            };
-            // Most notifications reach every rank; some are lost on some.
-            let ranks = if a & 0x80 == 0 { 0xFF } else { a >> 4 };
-            let id = b % IDS as u8;
-            match a % 16 {
-                0 | 1 => RolesOp::Grant { id },
-                2 => RolesOp::Assign { id },
-                3 => RolesOp::Start { id },
-                4 | 5 => RolesOp::Heartbeat { mask: b, ranks },
-                6 => RolesOp::RenewSlot {
-                    slot: b & 0x0f,
-                    nonce: pick,
-                    ranks,
-                },
-                7 | 8 => RolesOp::ReadDone {
-                    rank: (a >> 4) % 4,
-                    id,
-                    consumers: (a >> 6) % 3,
-                    nonce: pick,
-                },
-                9 => RolesOp::Cancel { id },
-                10 | 11 => RolesOp::Step,
-                12 | 13 => RolesOp::Advance {
-                    ms: u32::from(b) * u32::from(b) * 4 + u32::from(a >> 4),
-                },
-                14 => RolesOp::Drain,
-                _ => RolesOp::FreeBlocks { n: b % 4 },
+        let mut restart = 0;
+        let mut u = Unstructured::new(bytes);
+        (0..bytes.len() / 2).map(move |_| {
+            if u.is_empty() {
+                restart = (restart + 1) % bytes.len();
+                u = Unstructured::new(&bytes[restart..]);
             }
+            // Draws from a non-empty input never fail (exhausted fields read
+            // as zeros), so the fallback is unreachable in practice.
+            RolesOp::arbitrary(&mut u).unwrap_or(RolesOp::Step)
         })
     }
 }

@@ -82,31 +82,7 @@ pub fn render(report: &Report) -> String {
             ),
         ]);
     }
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in &rows {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let line = |cells: Vec<String>| {
-        let mut s = String::new();
-        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
-            if i == 0 {
-                let _ = write!(s, "{c:<w$}");
-            } else {
-                let _ = write!(s, "  {c:>w$}");
-            }
-        }
-        s.trim_end().to_string()
-    };
-    let _ = writeln!(
-        out,
-        "{}",
-        line(headers.iter().map(|h| h.to_string()).collect())
-    );
-    for row in rows {
-        let _ = writeln!(out, "{}", line(row));
-    }
+    super::table::write_aligned(&mut out, &headers, &rows);
     let _ = writeln!(
         out,
         "(goodput: mean over the scenarios, requests per second)"

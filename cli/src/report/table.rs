@@ -97,8 +97,16 @@ pub fn scenario_table(r: &ScenarioReport) -> String {
             ]
         })
         .collect();
+    write_aligned(&mut out, &headers, &rows);
+    out
+}
+
+/// Writes `headers` and `rows` as aligned columns: the first left-aligned,
+/// the others right-aligned, two spaces apart, no trailing blanks. Shared by
+/// the per-scenario tables and the sweep table so both line up alike.
+pub(crate) fn write_aligned(out: &mut String, headers: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in &rows {
+    for row in rows {
         for (w, c) in widths.iter_mut().zip(row) {
             *w = (*w).max(c.len());
         }
@@ -116,10 +124,9 @@ pub fn scenario_table(r: &ScenarioReport) -> String {
     };
     let head: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
     let _ = writeln!(out, "{}", line(&head));
-    for row in &rows {
+    for row in rows {
         let _ = writeln!(out, "{}", line(row));
     }
-    out
 }
 
 /// The whole report as text.

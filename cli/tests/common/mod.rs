@@ -30,3 +30,21 @@ pub fn run<'a>(report: &'a Report, scenario: &str, policy: &str) -> &'a RunRepor
         .find(|p| p.policy == policy)
         .unwrap_or_else(|| panic!("no policy {policy} in {scenario}"))
 }
+
+/// Runs `scenario` (plus `extra` flags) under lease+verify and
+/// lease-noverify, the pair most claims compare; returns their reports in
+/// that order.
+pub fn verify_and_noverify(scenario: &str, extra: &[&str]) -> (RunReport, RunReport) {
+    let mut args = vec![
+        "--scenario",
+        scenario,
+        "--policy",
+        "lease+verify,lease-noverify",
+    ];
+    args.extend_from_slice(extra);
+    let out = sim(&args);
+    (
+        run(&out.report, scenario, "lease+verify").clone(),
+        run(&out.report, scenario, "lease-noverify").clone(),
+    )
+}
