@@ -12,8 +12,6 @@
 
 #[path = "support/counting_alloc.rs"]
 mod counting_alloc;
-#[path = "consumer_support/fake_fabric.rs"]
-mod fake_fabric;
 
 use counting_alloc::{count_allocs, CountingAlloc};
 
@@ -22,11 +20,11 @@ static GLOBAL: CountingAlloc = CountingAlloc;
 
 use std::time::Duration;
 
-use fake_fabric::{FakeFabric, Policy};
 use kvlease::consumer::{
     DefaultPeerAddress, HeartbeatSender, HeartbeatTracker, RemotePrefillParams, SenderConfig,
     TrackOutcome,
 };
+use kvlease::testkit::{FakeFabric, Policy};
 use kvlease::{EngineShape, Instant, LeaseConfig};
 
 /// Writes `prefix` and `n` in decimal into `buf`; returns the text.

@@ -13,8 +13,6 @@
 
 #[path = "support/counting_alloc.rs"]
 mod counting_alloc;
-#[path = "consumer_support/fake_fabric.rs"]
-mod fake_fabric;
 
 use counting_alloc::{count_allocs, CountingAlloc};
 
@@ -24,7 +22,6 @@ static GLOBAL: CountingAlloc = CountingAlloc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fake_fabric::{FakeFabric, Policy};
 use kvlease::consumer::{
     DefaultPeerAddress, HeartbeatSender, HeartbeatTracker, LeaseVerifier, RemotePrefillParams,
     SenderConfig, TrackOutcome, Verdict, VerifyTarget,
@@ -34,6 +31,7 @@ use kvlease::fabric::{Fabric, FabricError, HandshakeState};
 use kvlease::ipc::outcome::{self, Outcome, OutcomeMsg};
 use kvlease::ipc::plan::HeartbeatPlan;
 use kvlease::slot_pool::SlotPool;
+use kvlease::testkit::{FakeFabric, Policy};
 use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig, LeaseFields, LeaseSlots, NonceSource};
 
 /// Writes `prefix` and `n` in decimal into `buf`; returns the length.

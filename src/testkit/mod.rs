@@ -49,6 +49,9 @@ use crate::time::Instant;
 /// integration tests, benches and fuzz harnesses.
 pub use crate::rng::SplitMix64;
 
+mod fake_fabric;
+pub use fake_fabric::{Agent, FakeFabric, Policy, PostedRead, Sent};
+
 /// Distinct request ids the operations draw from; the last one is too long.
 const IDS: usize = 12;
 

@@ -22,25 +22,20 @@
 // Std atomics are fine in tests (clippy.toml's rule is for the library; see src/sync.rs).
 #![allow(clippy::disallowed_types)]
 
-mod protocol;
-
-#[path = "support/nixl_gate.rs"]
-mod nixl_gate;
-
-#[path = "support/pipes.rs"]
-mod pipes;
-
+use crate::protocol;
+use crate::support::exact_test_name;
+use crate::support::pipes;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use crate::support::nixl_gate::{nixl_or_skip, say};
 use kvlease::fabric::nixl::{NixlConfig, NixlFabric};
 use kvlease::{Instant, MonotonicClock, Nonce, ReleaseReason};
-use nixl_gate::{nixl_or_skip, say};
 
-use protocol::{DSender, Decode, Pair, Prefill};
+use crate::protocol::{DSender, Decode, Pair, Prefill};
 
 /// Scheduling slack of real time.
 const SLACK: Duration = Duration::from_secs(2);
@@ -175,7 +170,6 @@ const CHILD_ENV: &str = "KVLEASE_PROTOCOL_D_CHILD";
 /// What the child prints once its NIXL agent is up.
 const READY_LINE: &str = "KVLEASE_D_READY";
 /// The two-process test; the child re-executes exactly this test.
-const CRASH_TEST: &str = "p_reclaims_the_leases_of_a_killed_d_process";
 /// The child gives up after this long, whatever happens.
 const CHILD_LIFETIME: Duration = Duration::from_secs(60);
 
@@ -226,7 +220,12 @@ impl Drop for KillOnDrop {
 /// Starts the D child and waits until its NIXL agent is up.
 fn spawn_d() -> (KillOnDrop, ChildStdin) {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", CRASH_TEST, "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            &exact_test_name!(p_reclaims_the_leases_of_a_killed_d_process),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -346,7 +345,8 @@ fn p_reclaims_the_leases_of_a_killed_d_process() {
     assert_eq!(p.book.held(), 0);
     drop(stdin);
     say(&format!(
-        "protocol over nixl: {CRASH_TEST}: {:.2} s",
+        "protocol over nixl: {}: {:.2} s",
+        exact_test_name!(p_reclaims_the_leases_of_a_killed_d_process),
         t0.elapsed().as_secs_f64()
     ));
 }

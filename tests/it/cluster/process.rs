@@ -40,7 +40,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use kvlease::fabric::nixl::{NixlConfig, NixlFabric};
 use kvlease::{Instant, MonotonicClock};
 
-use crate::pipes::{self, hex, unhex};
+use crate::support::pipes::{self, hex, unhex};
 
 use super::{
     Cluster, Cmd, DSchedNode, DWorkerNode, Event, Node, Outbox, PRankNode, PSchedNode, Role,

@@ -5,11 +5,7 @@
 //! next (the engine's IPC), and a killed node stops (its agent crashes).
 //! Deterministic; bounds are to one step and one wheel tick.
 
-mod cluster;
-
-#[path = "support/pipes.rs"]
-mod pipes;
-
+use crate::cluster;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +13,7 @@ use std::time::Duration;
 use kvlease::fabric::loopback::{LoopbackConfig, LoopbackFabric, LoopbackNetwork, NodeId};
 use kvlease::Instant;
 
-use cluster::{
+use crate::cluster::{
     Cluster, Cmd, DSchedNode, DWorkerNode, Node, Outbox, PRankNode, PSchedNode, Role, Stamped,
     P_TP, STEP,
 };
@@ -204,7 +200,7 @@ fn killed_p_rank_fails_the_load() {
 
 #[test]
 fn commands_and_events_round_trip_as_text() {
-    use cluster::{Cmd, Event};
+    use crate::cluster::{Cmd, Event};
     use kvlease::{LeaseFields, Nonce, ReleaseReason};
     let lease = Some(LeaseFields {
         slot: 3,

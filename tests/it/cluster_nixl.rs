@@ -12,20 +12,14 @@
 //! `KVLEASE_REQUIRE_NIXL=1`. `KVLEASE_CLUSTER_DEBUG=1` echoes every line the
 //! hub reads to stderr.
 
-mod cluster;
-
-#[path = "support/nixl_gate.rs"]
-mod nixl_gate;
-
-#[path = "support/pipes.rs"]
-mod pipes;
-
+use crate::cluster;
+use crate::support::exact_test_name;
 use std::time::Duration;
 
-use cluster::process::{
+use crate::cluster::process::{
     heartbeat_latencies, local_launcher, percentile_ms, run_child_if_asked, ProcessCluster,
 };
-use nixl_gate::{nixl_or_skip, say};
+use crate::support::nixl_gate::{nixl_or_skip, say};
 
 /// Scheduling slack of real time on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(2);
@@ -55,7 +49,7 @@ fn run(test: &str, body: fn(&mut ProcessCluster)) {
 #[test]
 fn happy_path_verified_end_to_end() {
     run(
-        "happy_path_verified_end_to_end",
+        &exact_test_name!(happy_path_verified_end_to_end),
         cluster::happy_path_verified_end_to_end,
     );
 }
@@ -63,7 +57,7 @@ fn happy_path_verified_end_to_end() {
 #[test]
 fn deaf_rank_expires_alone_and_the_load_fails() {
     run(
-        "deaf_rank_expires_alone_and_the_load_fails",
+        &exact_test_name!(deaf_rank_expires_alone_and_the_load_fails),
         cluster::deaf_rank_expires_alone_and_the_load_fails,
     );
 }
@@ -71,7 +65,7 @@ fn deaf_rank_expires_alone_and_the_load_fails() {
 #[test]
 fn killed_d_worker_is_reclaimed_by_both_ranks() {
     run(
-        "killed_d_worker_is_reclaimed_by_both_ranks",
+        &exact_test_name!(killed_d_worker_is_reclaimed_by_both_ranks),
         cluster::killed_d_worker_is_reclaimed_by_both_ranks,
     );
 }
@@ -79,7 +73,7 @@ fn killed_d_worker_is_reclaimed_by_both_ranks() {
 #[test]
 fn killed_p_rank_fails_the_load() {
     run(
-        "killed_p_rank_fails_the_load",
+        &exact_test_name!(killed_p_rank_fails_the_load),
         cluster::killed_p_rank_fails_the_load,
     );
 }

@@ -4,15 +4,14 @@
 //! lease durations (loopback only: ten leases of real time are too long for
 //! a test over NIXL).
 
-mod protocol;
-
+use crate::protocol;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kvlease::fabric::loopback::{LoopbackConfig, LoopbackFabric, LoopbackNetwork, NodeId};
 use kvlease::{EngineShape, Instant, LeaseConfig, ReleaseReason};
 
-use protocol::{DSender, Decode, Pair, Prefill, STEP};
+use crate::protocol::{DSender, Decode, Pair, Prefill, STEP};
 
 const P_HOST: &str = "10.0.0.1";
 const P_PORT: u16 = 5600;

@@ -29,14 +29,8 @@
 //! 4 s). `KVLEASE_LOSS_SECONDS` shortens the 5 % loss case (default 60);
 //! `KVLEASE_PARTITION_MS` sets the short partition (default 2000).
 
-mod cluster;
-
-#[path = "support/nixl_gate.rs"]
-mod nixl_gate;
-
-#[path = "support/pipes.rs"]
-mod pipes;
-
+use crate::cluster;
+use crate::support::exact_test_name;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::MutexGuard;
@@ -44,11 +38,13 @@ use std::time::Duration;
 
 use kvlease::{Instant, LeaseFields, ReleaseReason};
 
-use cluster::process::{
+use crate::cluster::process::{
     heartbeat_latencies, percentile_ms, run_child_if_asked, Launcher, ProcessCluster, LISTEN_IP_ENV,
 };
-use cluster::{find, run_for, run_until, wait_for, Cluster, Cmd, Event, Role, Stamped, P_TP, STEP};
-use nixl_gate::{nixl_or_skip, say};
+use crate::cluster::{
+    find, run_for, run_until, wait_for, Cluster, Cmd, Event, Role, Stamped, P_TP, STEP,
+};
+use crate::support::nixl_gate::{nixl_or_skip, say};
 
 /// P's address on the veth pair.
 const P_IP: &str = "10.77.0.1";
@@ -728,7 +724,7 @@ fn p_restarted(_hosts: &TwoHosts, c: &mut ProcessCluster) {
 #[test]
 fn two_hosts_partition_shorter_than_the_extension() {
     run(
-        "two_hosts_partition_shorter_than_the_extension",
+        &exact_test_name!(two_hosts_partition_shorter_than_the_extension),
         partition_shorter_than_the_extension,
     );
 }
@@ -736,27 +732,30 @@ fn two_hosts_partition_shorter_than_the_extension() {
 #[test]
 fn two_hosts_partition_longer_than_the_extension() {
     run(
-        "two_hosts_partition_longer_than_the_extension",
+        &exact_test_name!(two_hosts_partition_longer_than_the_extension),
         partition_longer_than_the_extension,
     );
 }
 
 #[test]
 fn two_hosts_five_percent_loss() {
-    run("two_hosts_five_percent_loss", five_percent_loss);
+    run(
+        &exact_test_name!(two_hosts_five_percent_loss),
+        five_percent_loss,
+    );
 }
 
 #[test]
 fn two_hosts_d_killed() {
-    run("two_hosts_d_killed", d_killed);
+    run(&exact_test_name!(two_hosts_d_killed), d_killed);
 }
 
 #[test]
 fn two_hosts_d_stalled() {
-    run("two_hosts_d_stalled", d_stalled);
+    run(&exact_test_name!(two_hosts_d_stalled), d_stalled);
 }
 
 #[test]
 fn two_hosts_p_restarted() {
-    run("two_hosts_p_restarted", p_restarted);
+    run(&exact_test_name!(two_hosts_p_restarted), p_restarted);
 }

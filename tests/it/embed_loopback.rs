@@ -4,8 +4,7 @@
 //! same API as on NIXL: `lease_advert` into the engine's handshake message,
 //! `add_peer` from it, the engine's drain routing kvlease's notifications.
 
-mod embed;
-
+use crate::embed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +14,7 @@ use kvlease::fabric::{
 };
 use kvlease::{Instant, LeaseFields};
 
-use embed::{
+use crate::embed::{
     DWorker, Deployment, EngineAgent, EngineHello, LoadState, PEvent, PWorker, RemoteKv, KV_LEN,
 };
 

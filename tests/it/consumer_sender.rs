@@ -2,19 +2,16 @@
 //! heterogeneous TP fan-out, handshake deferral, failure backoff, text vs
 //! compact, splitting, owed heartbeats, engine slot reuse.
 
-#[path = "consumer_support/fake_fabric.rs"]
-mod fake_fabric;
-
 use std::collections::BTreeSet;
 use std::fmt;
 use std::time::Duration;
 
-use fake_fabric::{FakeFabric, Policy};
 use kvlease::consumer::{
     DefaultPeerAddress, EngineKey, HeartbeatSender, HeartbeatTracker, PeerAddress, PeerStatus,
     RemotePrefillParams, SenderConfig, SenderError, StepError,
 };
 use kvlease::fabric::{FabricError, HandshakeState};
+use kvlease::testkit::{FakeFabric, Policy};
 use kvlease::topology::TopologyError;
 use kvlease::wire::{self, Notification};
 use kvlease::{EngineShape, Instant, LeaseConfig};

@@ -22,24 +22,22 @@
 // Std atomics are fine in tests (clippy.toml's rule is for the library; see src/sync.rs).
 #![allow(clippy::disallowed_types)]
 
-#[path = "support/nixl_gate.rs"]
-mod nixl_gate;
-
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+use crate::support::exact_test_name;
+use crate::support::nixl_gate::{nixl_or_skip, say};
+use crate::support::nixl_pair::{
+    connect, desc, fabric, finish, finish_hearing, poll_until, register_words, unique_name, WAIT,
+};
 use kvlease::fabric::nixl::{
     runtime_available, NixlConfig, NixlFabric, NixlInitError, ProgressMode, UcxErrorHandling,
     STATUS_INVALID_PARAM,
 };
-use kvlease::fabric::{
-    AgentId, Fabric, FabricError, HandshakeState, PeerInfo, ReadDesc, RegionId, XferId, XferState,
-};
+use kvlease::fabric::{AgentId, Fabric, FabricError, HandshakeState, RegionId, XferId, XferState};
 use kvlease::{EngineShape, LeaseBook, LeaseConfig, LeaseSlots, MonotonicClock};
-use nixl_gate::{nixl_or_skip, say};
 
 /// Environment switch: this test binary runs as the two-process test's peer.
 const CHILD_ENV: &str = "KVLEASE_NIXL_CHILD";
@@ -58,74 +56,6 @@ const CHILD_WORDS: usize = 64;
 fn child_word(seed: u64, i: u64) -> u64 {
     (seed << 32) | (i * 7 + 1)
 }
-/// Generous bound for every wait.
-const WAIT: Duration = Duration::from_secs(10);
-
-// Counts heap allocations made by the current thread (only Rust's
-// allocator: NIXL's C++ side is not seen).
-#[path = "support/counting_alloc.rs"]
-mod counting_alloc;
-
-#[global_allocator]
-static ALLOC: counting_alloc::CountingAlloc = counting_alloc::CountingAlloc;
-
-/// Allocations `f` makes on this thread.
-fn allocations<T>(f: impl FnOnce() -> T) -> (T, u64) {
-    let (v, counts) = counting_alloc::count_allocs(f);
-    (v, counts.allocs)
-}
-
-fn unique_name(role: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "kvl-{role}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-fn fabric(role: &str, clock: MonotonicClock, progress: ProgressMode) -> NixlFabric {
-    let mut cfg = NixlConfig::new(unique_name(role));
-    cfg.clock = clock;
-    cfg.progress = progress;
-    cfg.transfer_timeout = Duration::from_secs(2);
-    NixlFabric::new(cfg).expect("NIXL fabric")
-}
-
-/// Polls `f` until it yields, for at most `limit` of real time.
-fn poll_until<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let start = std::time::Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        std::thread::yield_now();
-    }
-}
-
-/// Handshakes `from` with `to`, polling both (engine-loop progress needs
-/// every side to poll).
-fn connect(
-    from: &mut NixlFabric,
-    to: &mut NixlFabric,
-    clock: MonotonicClock,
-) -> (AgentId, PeerInfo) {
-    let addr = to.listen_addr().to_string();
-    let id = from.start_handshake(&addr, clock.now()).unwrap();
-    let info = poll_until(WAIT, || {
-        to.drain_notifications(&mut |_, _| {}).unwrap();
-        match from.handshake_state(id, clock.now()) {
-            HandshakeState::Ready(info) => Some(info),
-            HandshakeState::Pending => None,
-            HandshakeState::Failed(e) => panic!("handshake {} -> {addr} failed: {e}", from.name()),
-        }
-    })
-    .expect("handshake did not complete in time");
-    (id, info)
-}
 
 /// Drains `f` until a notification arrives; returns (sender, bytes).
 fn recv_one(f: &mut NixlFabric, others: &mut [&mut NixlFabric]) -> (String, Vec<u8>) {
@@ -143,66 +73,6 @@ fn recv_one(f: &mut NixlFabric, others: &mut [&mut NixlFabric]) -> (String, Vec<
         got.take()
     })
     .expect("no notification arrived in time")
-}
-
-/// Polls a READ to its end, polling `target` too; what `target` receives
-/// meanwhile is kept in `heard` (sender, bytes).
-fn finish_hearing(
-    d: &mut NixlFabric,
-    target: &mut NixlFabric,
-    x: XferId,
-    clock: MonotonicClock,
-    heard: &mut Vec<(String, Vec<u8>)>,
-) -> XferState {
-    poll_until(WAIT, || {
-        target
-            .drain_notifications(&mut |s, m| heard.push((s.to_owned(), m.to_vec())))
-            .unwrap();
-        match d.read_state(x, clock.now()) {
-            XferState::InProgress => None,
-            s => Some(s),
-        }
-    })
-    .expect("READ neither finished nor failed in time")
-}
-
-/// [`finish_hearing`] for READs without a notification: `target` must hear
-/// nothing.
-fn finish(
-    d: &mut NixlFabric,
-    target: &mut NixlFabric,
-    x: XferId,
-    clock: MonotonicClock,
-) -> XferState {
-    let mut heard = Vec::new();
-    let s = finish_hearing(d, target, x, clock, &mut heard);
-    assert_eq!(heard, Vec::new(), "a READ without notification was heard");
-    s
-}
-
-fn desc(
-    local: RegionId,
-    local_offset: u64,
-    remote: RegionId,
-    remote_offset: u64,
-    len: u64,
-) -> ReadDesc {
-    ReadDesc {
-        local,
-        local_offset,
-        remote,
-        remote_offset,
-        len,
-    }
-}
-
-/// A word buffer registered with a fabric; kept alive by the test.
-fn register_words(f: &mut NixlFabric, words: &mut [u64]) -> RegionId {
-    // SAFETY: every caller keeps `words` alive and unmoved until its fabric
-    // is dropped (the buffers are declared before the fabrics they are
-    // registered with or outlive them explicitly), and reads it only after
-    // the READs that target it have finished.
-    unsafe { f.register_memory(words.as_mut_ptr().cast(), std::mem::size_of_val(words)) }.unwrap()
 }
 
 fn read_word(words: &[u64], i: usize) -> u64 {
@@ -544,70 +414,6 @@ fn read_of_a_remote_lease_slot_word_sees_the_granted_nonce() {
     drop(p);
 }
 
-#[test]
-fn steady_state_reads_and_empty_drains_allocate_nothing() {
-    let Some(_g) = nixl_or_skip() else { return };
-    let clock = MonotonicClock::new();
-    let slots = Arc::new(LeaseSlots::new(64));
-    let mut landing = vec![0u64; 64];
-    let mut p = fabric("p", clock, ProgressMode::EngineLoop);
-    let mut d = fabric("d", clock, ProgressMode::EngineLoop);
-    let region = p.register_slots(slots, true).unwrap();
-    let d_land = register_words(&mut d, &mut landing);
-    let (pid, _) = connect(&mut d, &mut p, clock);
-    let word = |s: u32| {
-        [desc(
-            d_land,
-            8 * u64::from(s),
-            region,
-            LeaseSlots::offset_of(s),
-            8,
-        )]
-    };
-
-    // One READ per descriptor set to prepare the requests (allocates).
-    for s in 0..4 {
-        let x = d.post_read(pid, &word(s), None, clock.now()).unwrap();
-        assert_eq!(finish(&mut d, &mut p, x, clock), XferState::Done);
-    }
-    let mut heard = 0usize;
-    for i in 0..1000u32 {
-        let s = i % 4;
-        let note: Option<&[u8]> = if i % 2 == 0 { None } else { Some(b"req-1:1") };
-        // Only D's calls are counted. P's engine loop runs between them (over
-        // TCP the target must progress for a READ to complete), and its
-        // drain allocates whenever a read-done arrives.
-        let (x, mut n) = allocations(|| d.post_read(pid, &word(s), note, clock.now()).unwrap());
-        let state = poll_until(WAIT, || {
-            let (state, k) = allocations(|| {
-                assert_eq!(d.drain_notifications(&mut |_, _| {}), Ok(0));
-                d.read_state(x, clock.now())
-            });
-            n += k;
-            p.drain_notifications(&mut |_, _| heard += 1).unwrap();
-            match state {
-                XferState::InProgress => None,
-                s => Some(s),
-            }
-        });
-        assert_eq!(state, Some(XferState::Done));
-        assert_eq!(
-            n, 0,
-            "iteration {i} (slot {s}, notification {note:?}) allocated"
-        );
-    }
-    poll_until(WAIT, || {
-        p.drain_notifications(&mut |_, _| heard += 1).unwrap();
-        (heard == 500).then_some(())
-    })
-    .expect("every read-done notification");
-    assert_eq!(d.stats().request_cache_misses, 4);
-    // The counter is live: a new descriptor set does allocate.
-    let (x, n) = allocations(|| d.post_read(pid, &word(9), None, clock.now()).unwrap());
-    assert!(n > 0, "a request-cache miss must show allocations");
-    assert_eq!(finish(&mut d, &mut p, x, clock), XferState::Done);
-}
-
 /// One handshake, a READ with an attached notification and a notification
 /// round trip, in the given modes.
 fn exercise(progress: ProgressMode, error_handling: UcxErrorHandling) {
@@ -722,7 +528,7 @@ fn missing_runtime_is_a_typed_error() {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "child_without_runtime",
+            &exact_test_name!(child_without_runtime),
             "--nocapture",
             "--test-threads=1",
         ])
@@ -983,7 +789,7 @@ fn spawn_child(seed: u64, listen: &str) -> (KillOnDrop, String) {
     let mut child = Command::new(exe)
         .args([
             "--exact",
-            "child_peer_process",
+            &exact_test_name!(child_peer_process),
             "--nocapture",
             "--test-threads=1",
         ])

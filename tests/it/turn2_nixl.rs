@@ -25,18 +25,15 @@
 //! timing bounds are the generous ones named below.
 #![allow(clippy::disallowed_types)] // test memory: leaked std atomics (see clippy.toml)
 
-#[path = "support/nixl_gate.rs"]
-mod nixl_gate;
-
-#[path = "support/pipes.rs"]
-mod pipes;
-
+use crate::support::exact_test_name;
+use crate::support::pipes;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+use crate::support::nixl_gate::{nixl_or_skip, say};
 use kvlease::clock_offset::{ClockOffset, ClockOffsetConfig, ReadGate};
 use kvlease::clock_ping::{self, ClockMessage, ClockPinger};
 use kvlease::consumer::{LeaseVerifier, Verdict, VerifyTarget};
@@ -47,11 +44,9 @@ use kvlease::{
     EngineShape, Instant, LeaseConfig, LeaseFields, LeaseSlots, MonotonicClock, Nonce,
     ReleaseReason,
 };
-use nixl_gate::{nixl_or_skip, say};
 
 const CHILD_ENV: &str = "KVLEASE_TURN2_D_CHILD";
 const P_ADDR_ENV: &str = "KVLEASE_TURN2_P_ADDR";
-const TEST_NAME: &str = "turn2_reads_over_real_nixl_between_two_processes";
 const READY: &str = "KVLEASE_TURN2_D_READY";
 const CHILD_LIFETIME: Duration = Duration::from_secs(60);
 
@@ -321,7 +316,12 @@ fn start() -> P {
     let landing_region = register_words(&mut f, landing);
     let verifier = LeaseVerifier::new(&mut f, 16, 4).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            &exact_test_name!(turn2_reads_over_real_nixl_between_two_processes),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, "1")
         .env(P_ADDR_ENV, f.listen_addr().to_string())
         .stdin(Stdio::piped())

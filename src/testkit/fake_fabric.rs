@@ -1,16 +1,37 @@
-//! A recording fake [`Fabric`] for the D-side tests: scripted handshakes,
-//! sends recorded into storage preallocated at construction (so the
-//! zero-allocation test can use it too). Only what the heartbeat sender uses
-//! is implemented; READs and memory registration are refused.
-#![allow(dead_code)]
+//! The one fake [`Fabric`] of the crate's tests, unit and integration alike
+//! (feature `testkit`; the unit tests see it under `cfg(test)`).
+//!
+//! It owns two things and nothing else:
+//!
+//! - **Sends and handshakes** (the D-side heartbeat tests): handshakes
+//!   scripted per address prefix ([`Policy`]), and every notification
+//!   recorded into storage reserved in [`FakeFabric::new`], so the
+//!   zero-allocation tests can use it too.
+//! - **READs of remote slot arrays** (the lease verifier's tests): agent `i`
+//!   of [`FakeFabric::with_remotes`] exports `remotes[i]`; a READ copies the
+//!   remote words into the registered local region when it completes
+//!   (completion is held back while `complete` is false, so a slot changed
+//!   while a READ is "in flight" is observed), and `fail_next` refuses the
+//!   next READ.
+//!
+//! It may not touch anything outside the fake: no sockets, no threads, no
+//! global state, no time of its own (every `now` is ignored). Memory it is
+//! given to register is written only by a completed READ, inside the
+//! registered bounds; landing buffers registered through
+//! [`Fabric::register_landing`] are kept in [`FakeFabric::kept`] (not
+//! leaked), so a test can see who holds the last share.
+//!
+//! Notifications to the fake are never delivered: nothing arrives at
+//! [`Fabric::drain_notifications`].
 
 use std::sync::Arc;
 
-use kvlease::fabric::{
-    AgentId, Fabric, FabricError, HandshakeState, PeerInfo, ReadDesc, RegionId, XferId, XferState,
+use crate::fabric::{
+    AgentId, Fabric, FabricError, HandshakeState, LandingWords, PeerInfo, ReadDesc, RegionId,
+    XferId, XferState,
 };
-use kvlease::slots::LeaseSlots;
-use kvlease::Instant;
+use crate::slots::{LeaseSlots, SLOT_BYTES};
+use crate::time::Instant;
 
 const ADDR_CAP: usize = 96;
 
@@ -71,7 +92,11 @@ pub struct Sent {
     len: usize,
 }
 
-/// The fake fabric. Every container has its capacity reserved in `new`.
+/// A READ as posted: (from, descriptors, finished).
+pub type PostedRead = (AgentId, Vec<ReadDesc>, bool);
+
+/// The fake fabric. Every container of the send path has its capacity
+/// reserved in `new`.
 pub struct FakeFabric {
     max_len: usize,
     agents: Vec<Agent>,
@@ -83,6 +108,18 @@ pub struct FakeFabric {
     pub total_messages: u64,
     pub total_bytes: u64,
     pub unlogged: u64,
+    /// The remote agents' exported slot arrays, by agent id.
+    pub remotes: Vec<Arc<LeaseSlots>>,
+    /// Registered local regions, by RegionId (0 is a placeholder).
+    regions: Vec<(*mut u8, usize)>,
+    /// Every READ posted, by XferId.
+    pub reads: Vec<PostedRead>,
+    /// While false, every READ stays in progress.
+    pub complete: bool,
+    /// The next `post_read` fails with this error.
+    pub fail_next: Option<FabricError>,
+    /// The landing buffers registered with the fake (its share of each).
+    pub kept: Vec<Arc<LandingWords>>,
 }
 
 impl FakeFabric {
@@ -100,7 +137,23 @@ impl FakeFabric {
             total_messages: 0,
             total_bytes: 0,
             unlogged: 0,
+            remotes: Vec::new(),
+            regions: vec![(std::ptr::null_mut(), 0)],
+            reads: Vec::new(),
+            complete: true,
+            fail_next: None,
+            kept: Vec::new(),
         }
+    }
+
+    /// A fake whose agents `0..agents` each export `slots` lease slots (for
+    /// READs), with a 4 KiB notification limit and a small send log.
+    pub fn with_remotes(agents: usize, slots: u32) -> Self {
+        let mut f = FakeFabric::new(4096, 16, 64, 1 << 12);
+        f.remotes = (0..agents)
+            .map(|_| Arc::new(LeaseSlots::new(slots)))
+            .collect();
+        f
     }
 
     /// Agents whose address starts with `prefix` follow `policy` (first
@@ -155,7 +208,7 @@ impl FakeFabric {
 
 impl Fabric for FakeFabric {
     fn name(&self) -> &str {
-        "fake-d"
+        "fake"
     }
 
     fn register_slots(
@@ -163,15 +216,24 @@ impl Fabric for FakeFabric {
         _slots: Arc<LeaseSlots>,
         _compact_heartbeats: bool,
     ) -> Result<RegionId, FabricError> {
-        Err(FabricError::Full)
+        Ok(RegionId(0))
     }
 
     unsafe fn register_memory(
         &mut self,
-        _ptr: *mut u8,
-        _len: usize,
+        ptr: *mut u8,
+        len: usize,
     ) -> Result<RegionId, FabricError> {
-        Err(FabricError::Full)
+        self.regions.push((ptr, len));
+        Ok(RegionId(self.regions.len() as u32 - 1))
+    }
+
+    fn register_landing(&mut self, words: Arc<LandingWords>) -> Result<RegionId, FabricError> {
+        // SAFETY: `kept` holds a share of the words until the fake is
+        // dropped, and a boxed slice never moves.
+        let id = unsafe { self.register_memory(words.as_ptr().cast_mut(), words.byte_len())? };
+        self.kept.push(words);
+        Ok(id)
     }
 
     fn max_notification_len(&self) -> usize {
@@ -275,16 +337,52 @@ impl Fabric for FakeFabric {
 
     fn post_read(
         &mut self,
-        _from: AgentId,
-        _descs: &[ReadDesc],
+        from: AgentId,
+        descs: &[ReadDesc],
         _notification: Option<&[u8]>,
         _now: Instant,
     ) -> Result<XferId, FabricError> {
-        Err(FabricError::Full)
+        if let Some(e) = self.fail_next.take() {
+            return Err(e);
+        }
+        // An agent that exports no slot array has nothing to read.
+        let Some(remote) = self.remotes.get(from.0 as usize) else {
+            return Err(FabricError::Full);
+        };
+        // Like the real fabrics: one descriptor outside the remote region
+        // refuses the whole READ.
+        let bytes = u64::from(remote.len()) * SLOT_BYTES as u64;
+        if descs.iter().any(|d| d.remote_offset + d.len > bytes) {
+            return Err(FabricError::OutOfBounds);
+        }
+        self.reads.push((from, descs.to_vec(), false));
+        Ok(XferId(self.reads.len() as u64 - 1))
     }
 
-    fn read_state(&mut self, _xfer: XferId, _now: Instant) -> XferState {
-        XferState::Failed(FabricError::UnknownXfer)
+    fn read_state(&mut self, xfer: XferId, _now: Instant) -> XferState {
+        if !self.complete {
+            return XferState::InProgress;
+        }
+        let Some((agent, descs, finished)) = self.reads.get_mut(xfer.0 as usize) else {
+            return XferState::Failed(FabricError::UnknownXfer);
+        };
+        if !*finished {
+            *finished = true;
+            for d in descs.iter() {
+                for w in 0..d.len / 8 {
+                    let slot = (d.remote_offset / 8 + w) as u32;
+                    let word = self.remotes[agent.0 as usize].load(slot).unwrap_or(0);
+                    let at = (d.local_offset + 8 * w) as usize;
+                    let (ptr, len) = self.regions[d.local.0 as usize];
+                    assert!(at + 8 <= len, "READ past its local region");
+                    // SAFETY: inside the registered region (checked above),
+                    // which its registrant keeps alive and does not read
+                    // until the READ is reported done.
+                    unsafe { ptr.add(at).cast::<u64>().write_unaligned(word.to_le()) };
+                }
+            }
+        }
+        XferState::Done
     }
 
     fn cancel_read(&mut self, _xfer: XferId) {}

@@ -10,13 +10,9 @@
 //!   verified it, fails at the first worker that did not, and unknown ids
 //!   are counted no-ops.
 
-#[path = "consumer_support/fake_fabric.rs"]
-mod fake_fabric;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fake_fabric::{FakeFabric, Policy};
 use kvlease::consumer::{
     BatchReason, DefaultPeerAddress, EngineHandle, HeartbeatSender, HeartbeatTracker,
     RemotePrefillParams, SenderConfig, Verdict,
@@ -25,6 +21,7 @@ use kvlease::fabric::FabricError;
 use kvlease::ipc::outcome::{self, Outcome, OutcomeMsg};
 use kvlease::ipc::plan::HeartbeatPlan;
 use kvlease::ipc::IpcError;
+use kvlease::testkit::{FakeFabric, Policy};
 use kvlease::{EngineShape, Instant, LeaseConfig};
 
 type Sender = HeartbeatSender<FakeFabric, DefaultPeerAddress>;

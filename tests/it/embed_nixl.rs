@@ -20,14 +20,9 @@
 //! Needs `libnixl_capi.so` on `LD_LIBRARY_PATH`; otherwise `SKIPPED`, unless
 //! `KVLEASE_REQUIRE_NIXL=1`.
 
-mod embed;
-
-#[path = "support/nixl_gate.rs"]
-mod nixl_gate;
-
-#[path = "support/pipes.rs"]
-mod pipes;
-
+use crate::embed;
+use crate::support::exact_test_name;
+use crate::support::pipes;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
@@ -41,11 +36,11 @@ use nixl_sys::{
     ThreadSync, XferDescList, XferOp, XferRequest, XferStatus,
 };
 
-use embed::{
+use crate::embed::{
     DWorker, Deployment, EngineAgent, EngineHello, LoadState, PEvent, PWorker, RemoteKv, KV_LEN,
 };
-use nixl_gate::{nixl_or_skip, say};
-use pipes::{hex, parse_reason, reason_text, unhex};
+use crate::support::nixl_gate::{nixl_or_skip, say};
+use crate::support::pipes::{hex, parse_reason, reason_text, unhex};
 
 const CHILD_ENV: &str = "KVLEASE_EMBED_CHILD";
 const STEP: Duration = Duration::from_millis(2);
@@ -264,7 +259,7 @@ impl NixlDeployment {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
             .args([
                 "--exact",
-                "embedded_in_engine_agents_over_nixl",
+                &exact_test_name!(embedded_in_engine_agents_over_nixl),
                 "--nocapture",
                 "--test-threads=1",
             ])

@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::pipes::{parse_reason, reason_text};
+use crate::support::pipes::{parse_reason, reason_text};
 use kvlease::consumer::{
     EngineKey, HeartbeatSender, HeartbeatTracker, LeaseVerifier, RemotePrefillParams, SenderConfig,
     Verdict, VerifyTarget,
