@@ -24,7 +24,7 @@ use kvlease::consumer::{
     DefaultPeerAddress, HeartbeatSender, HeartbeatTracker, RemotePrefillParams, SenderConfig,
     TrackOutcome,
 };
-use kvlease::testkit::{FakeFabric, Policy};
+use kvlease::testkit::{FakeFabric, Policy, SplitMix64};
 use kvlease::{EngineShape, Instant, LeaseConfig};
 
 /// Writes `prefix` and `n` in decimal into `buf`; returns the text.
@@ -97,13 +97,8 @@ fn steady_state_d_steps_allocate_nothing() {
         })
         .collect();
     let mut live: Vec<u64> = Vec::with_capacity(8192);
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = SplitMix64::new(0x9e37_79b9_7f4a_7c15u64);
+    let mut next = move || rng.next_u64();
     let mut now = Instant::from_secs(1);
     let mut next_id = 0u64;
     let mut started = 0u64;

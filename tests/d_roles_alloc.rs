@@ -31,7 +31,7 @@ use kvlease::fabric::{Fabric, FabricError, HandshakeState};
 use kvlease::ipc::outcome::{self, Outcome, OutcomeMsg};
 use kvlease::ipc::plan::HeartbeatPlan;
 use kvlease::slot_pool::SlotPool;
-use kvlease::testkit::{FakeFabric, Policy};
+use kvlease::testkit::{FakeFabric, Policy, SplitMix64};
 use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig, LeaseFields, LeaseSlots, NonceSource};
 
 /// Writes `prefix` and `n` in decimal into `buf`; returns the length.
@@ -137,13 +137,8 @@ fn the_d_split_allocates_nothing_per_step() {
         n: 0,
     });
     let mut live: Vec<u64> = Vec::with_capacity(4096);
-    let mut rng = 0x0dd_ba11_cafe_f00du64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = SplitMix64::new(0x0dd_ba11_cafe_f00du64);
+    let mut next = move || rng.next_u64();
     let mut now = Instant::from_secs(1);
     let mut next_id = 0u64;
     let (mut d_buf, mut p_buf) = ([0u8; 32], [0u8; 32]);
@@ -312,7 +307,7 @@ fn verifier_steps_over_loopback_allocate_nothing() {
     }
     let mut verifier = LeaseVerifier::new(&mut d, 64, 4).unwrap();
     let mut got = [0u64; 5];
-    let mut rng = 0x5eed_u64;
+    let mut rng_gen = SplitMix64::new(0x5eed_u64);
 
     // ---- steady state ----
     let ((), counts) = count_allocs(|| {
@@ -320,9 +315,7 @@ fn verifier_steps_over_loopback_allocate_nothing() {
             now = now + Duration::from_millis(10);
             net.advance_to(now);
             for k in 0..4u64 {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
+                let rng = rng_gen.next_u64();
                 let good = held[(rng % 3000) as usize];
                 let lease = match (step + k) % 5 {
                     0 => None,

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use kvlease::testkit::SplitMix64;
 use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig, SlotTicket};
 
 #[path = "support/counting_alloc.rs"]
@@ -51,13 +52,11 @@ fn p_side_steps_allocate_nothing_after_construction() {
     counting_alloc::self_check();
     let ((), counts) = count_allocs(|| {
         let mut now = Instant::ZERO;
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut rng_gen = SplitMix64::new(0x2545_f491_4f6c_dd1du64);
         for step in 0..STEPS {
             now = now + Duration::from_millis(20);
             // A pseudo-random walk over the ids, so every operation meets held and free ids.
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
+            let rng = rng_gen.next_u64();
             let k = (rng % ids.len() as u64) as usize;
             let id = &ids[k];
             match step % 8 {

@@ -6,18 +6,11 @@
 //! exhaustion, cancels, expiry at irregular steps, ranks that diverge.
 //! Deterministic: the seeds are fixed, so a failure names its seed.
 
-use kvlease::testkit::{RolesHarness, RolesOp};
+use kvlease::testkit::{RolesHarness, RolesOp, SplitMix64};
 
 fn program(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    let mut rng = SplitMix64::new(seed);
+    (0..len).map(|_| (rng.next_u64() >> 24) as u8).collect()
 }
 
 fn run(seed: u64) -> RolesHarness {

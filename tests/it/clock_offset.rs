@@ -26,6 +26,7 @@ use core::time::Duration;
 
 use kvlease::clock_offset::{ClockOffset, ClockOffsetConfig, ReadGate};
 use kvlease::fabric::ClockSample;
+use kvlease::testkit::SplitMix64;
 use kvlease::Instant;
 
 const MS: i128 = 1_000_000;
@@ -60,17 +61,9 @@ impl World {
     }
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: i128) -> i128 {
-        i128::from(self.next() % u64::try_from(n).unwrap())
-    }
+/// A jitter in `0..n` nanoseconds.
+fn below(rng: &mut SplitMix64, n: i128) -> i128 {
+    i128::from(rng.below(u64::try_from(n).unwrap()))
 }
 
 #[derive(Default, Debug)]
@@ -88,7 +81,7 @@ fn run_case(
     resample_every: Option<i128>,
     config: ClockOffsetConfig,
     step: i128,
-    rng: &mut Rng,
+    rng: &mut SplitMix64,
 ) -> Tally {
     let ttl = 480 * SEC;
     let margin = i128::try_from(config.safety_margin.as_nanos()).unwrap();
@@ -105,8 +98,8 @@ fn run_case(
             if t >= at {
                 // Jittered, asymmetric: each direction takes its base delay
                 // plus up to 4x more.
-                let f = fwd + rng.below(4 * fwd + 1);
-                let b = back + rng.below(4 * back + 1);
+                let f = fwd + below(rng, 4 * fwd + 1);
+                let b = back + below(rng, 4 * back + 1);
                 est.observe(world.sample(t, f, b));
                 next_resample = resample_every.map(|every| t + every);
             }
@@ -200,7 +193,7 @@ const ROUTES: [(i128, i128); 5] = [
 
 #[test]
 fn never_late_and_never_needlessly_early_across_worlds_and_routes() {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = SplitMix64::new(0x9e37_79b9_7f4a_7c15);
     let mut cases = 0;
     for (name, world) in worlds() {
         for (fwd, back) in ROUTES {
@@ -231,7 +224,7 @@ fn drift_beyond_the_allowance_is_still_caught_by_the_margin_but_not_by_the_bound
     // moves the truth 43 ms over 480 s: still inside the 5 s margin, so no
     // late read, which is why the margin exists. This pins that the margin,
     // not luck, carries the case.
-    let mut rng = Rng(7);
+    let mut rng = SplitMix64::new(7);
     let config = ClockOffsetConfig {
         drift_ppm: 0,
         ..ClockOffsetConfig::default()
@@ -247,7 +240,7 @@ fn drift_is_carried_by_the_allowance_when_the_margin_is_thin() {
     // 90 ppm fast or slow moves 43 ms against the handshake's estimate,
     // more than the margin. Only the drift allowance (100 ppm of the
     // sample's age, in the bound) keeps every accepted read on time.
-    let mut rng = Rng(11);
+    let mut rng = SplitMix64::new(11);
     let config = ClockOffsetConfig {
         safety_margin: Duration::from_millis(20),
         ..ClockOffsetConfig::default()

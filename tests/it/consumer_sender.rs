@@ -11,7 +11,7 @@ use kvlease::consumer::{
     RemotePrefillParams, SenderConfig, SenderError, StepError,
 };
 use kvlease::fabric::{FabricError, HandshakeState};
-use kvlease::testkit::{FakeFabric, Policy};
+use kvlease::testkit::{FakeFabric, Policy, SplitMix64};
 use kvlease::topology::TopologyError;
 use kvlease::wire::{self, Notification};
 use kvlease::{EngineShape, Instant, LeaseConfig};
@@ -540,13 +540,8 @@ fn the_fake_fabric_agrees_with_the_handshake_contract() {
 /// panic, and every owed peer belongs to a live engine.
 #[test]
 fn hostile_fabrics_and_engines_never_panic() {
-    let mut rng = 0xdead_beef_cafe_f00du64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = SplitMix64::new(0xdead_beef_cafe_f00du64);
+    let mut next = move || rng.next_u64();
     for round in 0..20u64 {
         let max_len = [3, 4, 27, 28, 40, 4096][(round % 6) as usize];
         let mut f = FakeFabric::new(max_len, 64, 16, 4096);

@@ -11,6 +11,7 @@ use kvlease::consumer::{
     EngineBatch, EngineKey, HeartbeatTracker, ParamProblem, RemotePrefillParams, TrackError,
     TrackOutcome, INLINE_ID_LEN,
 };
+use kvlease::testkit::SplitMix64;
 use kvlease::wire::CompactEntry;
 use kvlease::{EngineShape, Instant, LeaseConfig, Nonce};
 
@@ -512,13 +513,8 @@ fn model_churn(max_id_len: u16, max_pad: u64) {
     // model: d id -> (engine, p id); engine -> next due.
     let mut reqs: BTreeMap<String, (String, String)> = BTreeMap::new();
     let mut next_due: BTreeMap<String, Instant> = BTreeMap::new();
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = SplitMix64::new(0x2545_f491_4f6c_dd1du64);
+    let mut next = move || rng.next_u64();
     let mut now = T0;
     let engines = ["e0", "e1", "e2", "e3", "e4", "e5", "e6", "ü-ñ"];
     for step in 0..30_000u32 {
@@ -599,13 +595,8 @@ fn model_churn(max_id_len: u16, max_pad: u64) {
 /// may panic, and the tracker's own accounting must stay consistent.
 #[test]
 fn hostile_inputs_never_panic() {
-    let mut rng = 0x0123_4567_89ab_cdefu64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = SplitMix64::new(0x0123_4567_89ab_cdefu64);
+    let mut next = move || rng.next_u64();
     const ALPHABET: [&str; 10] = ["a", ",", "\0", "é", "🦀", ":", "HB:", " ", "-", "Z"];
     let string = |next: &mut dyn FnMut() -> u64| -> String {
         let n = (next() % 70) as usize;

@@ -21,7 +21,7 @@ use kvlease::fabric::FabricError;
 use kvlease::ipc::outcome::{self, Outcome, OutcomeMsg};
 use kvlease::ipc::plan::HeartbeatPlan;
 use kvlease::ipc::IpcError;
-use kvlease::testkit::{FakeFabric, Policy};
+use kvlease::testkit::{FakeFabric, Policy, SplitMix64};
 use kvlease::{EngineShape, Instant, LeaseConfig};
 
 type Sender = HeartbeatSender<FakeFabric, DefaultPeerAddress>;
@@ -105,13 +105,8 @@ fn planned_by_plan(t: &mut HeartbeatTracker, now: Instant) -> (Planned, Vec<(u32
 fn the_plan_carries_exactly_what_due_hands_out() {
     let cfg = lease_config(4);
     let (mut a, mut b) = (HeartbeatTracker::new(&cfg), HeartbeatTracker::new(&cfg));
-    let mut rng = 0x1234_5678_9abc_def1u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = SplitMix64::new(0x1234_5678_9abc_def1u64);
+    let mut next = move || rng.next_u64();
     let mut now = T0;
     let (mut owed_steps, mut gone_steps) = (0, 0);
     for i in 0..4_000u64 {
@@ -266,13 +261,8 @@ fn step_and_the_byte_path_send_the_same_heartbeats() {
     let mut sb = Sender::new(make_fabric(), DefaultPeerAddress, scfg).unwrap();
     let mut plan_buf = Vec::new();
 
-    let mut rng = 0xfeed_5eed_0dd5_u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = SplitMix64::new(0xfeed_5eed_0dd5_u64);
+    let mut next = move || rng.next_u64();
     let mut now = T0;
     let mut reports = (0u64, 0u64);
     for i in 0..5_000u64 {

@@ -1,5 +1,6 @@
 use super::*;
 use crate::config::EngineShape;
+use crate::rng::SplitMix64;
 
 fn config(requests: u32, engines: u32) -> LeaseConfig {
     let mut c = LeaseConfig::new(EngineShape {
@@ -34,11 +35,9 @@ fn chunks_stay_packed_under_churn() {
     let cfg = config(100, 3);
     let mut t = HeartbeatTracker::new(&cfg);
     let mut live: Vec<String> = Vec::new();
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng_gen = SplitMix64::new(0x9e37_79b9_7f4a_7c15u64);
     for i in 0..20_000u32 {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
+        let rng = rng_gen.next_u64();
         if rng % 3 != 0 && live.len() < 100 {
             let d = format!("d{i}");
             let p = format!("p{i}");

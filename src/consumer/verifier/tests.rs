@@ -1,4 +1,5 @@
 use super::*;
+use crate::rng::SplitMix64;
 use crate::testkit::FakeFabric;
 
 /// Agent `agent` of `f`, with the slot count it exports.
@@ -268,18 +269,16 @@ fn window_reads_repeat_the_same_descriptor_whatever_the_slots() {
         f.remotes[1].publish(s, u64::from(s) + 1);
     }
     let mut v = LeaseVerifier::new(&mut f, 8, 2).unwrap();
-    let mut rng = 7u64;
+    let mut rng = SplitMix64::new(7);
     // Under miri each 8 KiB window read is interpreted byte by byte: 8
     // rounds (both agents are hit from round 1) keep the CI step short.
     let rounds: u64 = if cfg!(miri) { 8 } else { 50 };
     for round in 0..rounds {
         // 1 to 3 random live slots per step, on either agent.
         for _ in 0..1 + round % 3 {
-            rng = rng
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let slot = ((rng >> 33) % 300) as u32;
-            let agent = ((rng >> 20) & 1) as u32;
+            let r = rng.next_u64();
+            let slot = ((r >> 33) % 300) as u32;
+            let agent = ((r >> 20) & 1) as u32;
             v.submit(round, lf(slot, u64::from(slot) + 1), &[target(&f, agent)])
                 .unwrap();
         }
