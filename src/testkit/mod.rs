@@ -1,6 +1,8 @@
-//! Test support (feature `testkit`): the P roles checked step by step
+//! Test support (feature `testkit`): the fake fabric every D-side and
+//! verifier test uses ([`FakeFabric`], `fake_fabric.rs`), the one seeded
+//! generator ([`SplitMix64`]), and the P roles checked step by step
 //! against a reference model. Shared by the randomized test
-//! (`tests/book_model.rs`) and the fuzz target (`fuzz/`, `lease_book`), so
+//! (`tests/it/book_model.rs`) and the fuzz target (`fuzz/`, `lease_book`), so
 //! both check the same invariants. Not part of the supported API.
 //!
 //! The harness runs one [`PrefillScheduler`] and one to three

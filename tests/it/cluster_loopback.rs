@@ -1,4 +1,4 @@
-//! The engine-shaped deployment of `tests/cluster/mod.rs` (P: a scheduler and
+//! The engine-shaped deployment of `tests/it/cluster/mod.rs` (P: a scheduler and
 //! two workers; D: a scheduler and one worker) in one process, on the
 //! loopback fabric, in virtual time: every node is stepped once per tick,
 //! role messages produced in one tick are delivered at the start of the

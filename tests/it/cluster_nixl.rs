@@ -1,13 +1,13 @@
 #![cfg(feature = "nixl")]
 // Std atomics are fine in tests (clippy.toml's rule is for the library; see src/sync.rs).
 #![allow(clippy::disallowed_types)]
-//! The engine-shaped deployment of `tests/cluster/mod.rs` as five
+//! The engine-shaped deployment of `tests/it/cluster/mod.rs` as five
 //! processes on this host over real NIXL: the P scheduler, P workers 0 and
 //! 1, the D scheduler and the D worker are each this test binary
 //! re-executed with a role; the test process is the hub that routes their
-//! role messages (`tests/cluster/process.rs`).
+//! role messages (`tests/it/cluster/process.rs`).
 //!
-//! Needs `libnixl_capi.so` on `LD_LIBRARY_PATH` (see `tests/protocol_nixl.rs`);
+//! Needs `libnixl_capi.so` on `LD_LIBRARY_PATH` (see `tests/it/protocol_nixl.rs`);
 //! without it every test prints `SKIPPED` and passes, unless
 //! `KVLEASE_REQUIRE_NIXL=1`. `KVLEASE_CLUSTER_DEBUG=1` echoes every line the
 //! hub reads to stderr.

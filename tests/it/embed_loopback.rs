@@ -1,4 +1,4 @@
-//! The embedding scenario of `tests/embed/mod.rs` over the loopback fabric:
+//! The embedding scenario of `tests/it/embed/mod.rs` over the loopback fabric:
 //! P and D in one process, in virtual time. On loopback the engine's agent
 //! *is* the `LoopbackFabric` object, and kvlease works on it through the
 //! same API as on NIXL: `lease_advert` into the engine's handshake message,

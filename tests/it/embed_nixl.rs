@@ -1,5 +1,5 @@
 #![cfg(feature = "nixl")]
-//! The embedding scenario of `tests/embed/mod.rs` over real NIXL, P and D in
+//! The embedding scenario of `tests/it/embed/mod.rs` over real NIXL, P and D in
 //! two processes. Each side creates its own `nixl_sys::Agent` and UCX
 //! backend (as an engine worker does), registers its own KV buffer, and
 //! exchanges its own handshake message (`embed::EngineHello`: the agent's

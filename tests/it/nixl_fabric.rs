@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! eval "$(.ci/nixl-runtime.sh | tail -1)"
-//! KVLEASE_REQUIRE_NIXL=1 cargo test --features nixl --test nixl_fabric
+//! KVLEASE_REQUIRE_NIXL=1 cargo test --features nixl --test it -- nixl_fabric::
 //! ```
 //!
 //! Without the runtime every test prints `SKIPPED: NIXL runtime not found

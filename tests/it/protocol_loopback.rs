@@ -1,4 +1,4 @@
-//! The protocol suite (`tests/protocol/mod.rs`) over two loopback agents in
+//! The protocol suite (`tests/it/protocol/mod.rs`) over two loopback agents in
 //! virtual time: deterministic, no sleeps, bounds to one step. Plus the
 //! decode-side end-to-end test of a request that waits in D's queue for ten
 //! lease durations (loopback only: ten leases of real time are too long for

@@ -1,5 +1,5 @@
 #![cfg(feature = "nixl")]
-//! The protocol suite (`tests/protocol/mod.rs`) over two real NIXL agents in
+//! The protocol suite (`tests/it/protocol/mod.rs`) over two real NIXL agents in
 //! one process, in real time, plus a two-process crash test: a child process
 //! (this test binary, re-executed) plays D and heartbeats P's leases over
 //! real NIXL until the parent (P) kills it.
@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! eval "$(.ci/nixl-runtime.sh | tail -1)"
-//! KVLEASE_REQUIRE_NIXL=1 cargo test --features nixl --test protocol_nixl
+//! KVLEASE_REQUIRE_NIXL=1 cargo test --features nixl --test it -- protocol_nixl::
 //! ```
 //!
 //! Without the runtime every test prints `SKIPPED: NIXL runtime not found`

@@ -2,7 +2,7 @@
 // Std atomics are fine in tests (clippy.toml's rule is for the library; see src/sync.rs).
 #![allow(clippy::disallowed_types)]
 //! Two hosts on one machine: the engine-shaped deployment of
-//! `tests/cluster/mod.rs` with the P engine (scheduler and two workers) in
+//! `tests/it/cluster/mod.rs` with the P engine (scheduler and two workers) in
 //! one network namespace and the D engine (scheduler and worker) in
 //! another, joined by a veth pair with addresses of their own, over the
 //! real NIXL fabric with `UCX_TLS=tcp` (the transport between hosts without

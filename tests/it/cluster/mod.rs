@@ -4,9 +4,9 @@
 //! role messages as bytes between each scheduler and its workers (the
 //! engine's IPC), notifications and READs over the fabric between workers.
 //!
-//! - `tests/cluster_loopback.rs`: all five nodes in one process on the
+//! - `tests/it/cluster_loopback.rs`: all five nodes in one process on the
 //!   loopback fabric, in virtual time: deterministic, bounds to one step.
-//! - `tests/cluster_nixl.rs`: five processes (this test binary re-executed
+//! - `tests/it/cluster_nixl.rs`: five processes (this test binary re-executed
 //!   with a role), the role messages crossing pipes through a hub (the
 //!   test process, standing in for the engines' IPC), the workers on real
 //!   NIXL agents, in real time.

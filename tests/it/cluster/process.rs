@@ -6,8 +6,8 @@
 //! routes them. Time is real: each process steps on its own monotonic clock
 //! every 2 ms, and the hub stamps events when it reads them.
 //!
-//! How a role is started is the caller's [`Launcher`]: `tests/cluster_nixl.rs`
-//! runs all five on this host, `tests/two_hosts.rs` runs P's and D's inside
+//! How a role is started is the caller's [`Launcher`]: `tests/it/cluster_nixl.rs`
+//! runs all five on this host, `tests/it/two_hosts.rs` runs P's and D's inside
 //! two network namespaces over UCX TCP. `KVLEASE_CLUSTER_DEBUG=1` echoes
 //! every line the hub reads to stderr.
 //!

@@ -1,9 +1,9 @@
 //! kvlease embedded in an engine that owns its agent and its handshake,
 //! written once and run over two fabrics:
 //!
-//! - `tests/embed_loopback.rs`: both workers in one process on the loopback
+//! - `tests/it/embed_loopback.rs`: both workers in one process on the loopback
 //!   fabric, in virtual time;
-//! - `tests/embed_nixl.rs`: a P process and a D process, each creating its
+//! - `tests/it/embed_nixl.rs`: a P process and a D process, each creating its
 //!   own `nixl_sys::Agent` and exchanging metadata over its own pipe.
 //!
 //! The engine part ([`EngineAgent`]) is what an engine already has: its

@@ -4,9 +4,9 @@
 //! (a [`LeaseBook`] over P's fabric, lease slots and a registered KV buffer)
 //! and a D worker (a [`HeartbeatTracker`], the [`HeartbeatSender`] that owns
 //! D's fabric, a [`LeaseVerifier`], block READs) against each other, end to
-//! end, through nothing but the [`Fabric`] trait. `tests/protocol_loopback.rs`
+//! end, through nothing but the [`Fabric`] trait. `tests/it/protocol_loopback.rs`
 //! runs every body over two loopback agents in virtual time,
-//! `tests/protocol_nixl.rs` over two real NIXL agents in real time.
+//! `tests/it/protocol_nixl.rs` over two real NIXL agents in real time.
 //!
 //! # Time
 //!
