@@ -116,6 +116,32 @@ fn desc(local: RegionId, remote: RegionId, len: u64) -> ReadDesc {
     }
 }
 
+/// An 8-byte READ source filled with `fill` (for P) and a zeroed 8-byte
+/// destination (for D). Declared by the test before its fabrics, so they
+/// outlive them (see [`Buf`]).
+fn bufs(fill: u8) -> (Buf, Buf) {
+    (Buf::new(&[fill; 8]), Buf::new(&[0; 8]))
+}
+
+/// The default config with these READ timings in milliseconds (`None`:
+/// the default).
+fn timing(read_latency_ms: Option<u64>, transfer_timeout_ms: Option<u64>) -> LoopbackConfig {
+    let d = LoopbackConfig::default();
+    LoopbackConfig {
+        read_latency: read_latency_ms.map_or(d.read_latency, Duration::from_millis),
+        transfer_timeout: transfer_timeout_ms.map_or(d.transfer_timeout, Duration::from_millis),
+        ..d
+    }
+}
+
+/// [`pair`] with `src` registered on P, `dst` on D, and the descriptor of a
+/// READ of all of `src` into `dst`.
+fn read_pair(src: &Buf, dst: &Buf, cfg: LoopbackConfig) -> (Pair, ReadDesc) {
+    let mut w = pair(cfg);
+    let d = desc(dst.register(&mut w.d), src.register(&mut w.p), 8);
+    (w, d)
+}
+
 // ---------------------------------------------------------------- handshake
 
 #[test]
@@ -457,14 +483,15 @@ fn read_descriptor_errors_are_typed() {
 
 #[test]
 fn too_many_reads_in_flight_is_full_and_cancel_frees_one() {
-    let src = Buf::new(&[1; 8]);
-    let dst = Buf::new(&[0; 8]);
-    let mut w = pair(LoopbackConfig {
-        max_reads_in_flight: 2,
-        read_latency: Duration::from_millis(5),
-        ..LoopbackConfig::default()
-    });
-    let d = desc(dst.register(&mut w.d), src.register(&mut w.p), 8);
+    let (src, dst) = bufs(1);
+    let (mut w, d) = read_pair(
+        &src,
+        &dst,
+        LoopbackConfig {
+            max_reads_in_flight: 2,
+            ..timing(Some(5), None)
+        },
+    );
     let a = w.d.post_read(w.to_p, &[d], None, t(0)).unwrap();
     let _b = w.d.post_read(w.to_p, &[d], None, t(0)).unwrap();
     assert_eq!(
@@ -483,14 +510,8 @@ fn too_many_reads_in_flight_is_full_and_cancel_frees_one() {
 
 #[test]
 fn read_times_out_when_slower_than_the_timeout() {
-    let src = Buf::new(&[1; 8]);
-    let dst = Buf::new(&[0; 8]);
-    let mut w = pair(LoopbackConfig {
-        read_latency: Duration::from_secs(2),
-        transfer_timeout: Duration::from_secs(1),
-        ..LoopbackConfig::default()
-    });
-    let d = desc(dst.register(&mut w.d), src.register(&mut w.p), 8);
+    let (src, dst) = bufs(1);
+    let (mut w, d) = read_pair(&src, &dst, timing(Some(2000), Some(1000)));
     let x = w.d.post_read(w.to_p, &[d], Some(b"n"), t(0)).unwrap();
     assert_eq!(w.d.read_state(x, t(999)), XferState::InProgress);
     assert_eq!(
@@ -613,13 +634,8 @@ fn reordered_notification_is_overtaken_by_the_next() {
 
 #[test]
 fn read_delay_and_read_failure_faults() {
-    let src = Buf::new(&[5; 8]);
-    let dst = Buf::new(&[0; 8]);
-    let mut w = pair(LoopbackConfig {
-        read_latency: Duration::from_millis(1),
-        ..LoopbackConfig::default()
-    });
-    let d = desc(dst.register(&mut w.d), src.register(&mut w.p), 8);
+    let (src, dst) = bufs(5);
+    let (mut w, d) = read_pair(&src, &dst, timing(Some(1), None));
     w.net.set_read_faults(
         w.d.node(),
         w.p.node(),
@@ -671,14 +687,8 @@ fn read_delay_and_read_failure_faults() {
 
 #[test]
 fn crash_makes_everything_fail_or_time_out_and_restart_is_a_new_life() {
-    let src = Buf::new(&[9; 8]);
-    let dst = Buf::new(&[0; 8]);
-    let mut w = pair(LoopbackConfig {
-        read_latency: Duration::from_millis(1),
-        transfer_timeout: Duration::from_millis(100),
-        ..LoopbackConfig::default()
-    });
-    let d = desc(dst.register(&mut w.d), src.register(&mut w.p), 8);
+    let (src, dst) = bufs(9);
+    let (mut w, d) = read_pair(&src, &dst, timing(Some(1), Some(100)));
     w.d.send_notification(w.to_p, b"before crash").unwrap();
     let x = w.d.post_read(w.to_p, &[d], None, t(0)).unwrap();
     w.net.crash(w.p.node());
@@ -738,13 +748,8 @@ fn crash_makes_everything_fail_or_time_out_and_restart_is_a_new_life() {
 
 #[test]
 fn read_against_an_agent_that_restarted_fails() {
-    let src = Buf::new(&[9; 8]);
-    let dst = Buf::new(&[0; 8]);
-    let mut w = pair(LoopbackConfig {
-        read_latency: Duration::from_millis(10),
-        ..LoopbackConfig::default()
-    });
-    let d = desc(dst.register(&mut w.d), src.register(&mut w.p), 8);
+    let (src, dst) = bufs(9);
+    let (mut w, d) = read_pair(&src, &dst, timing(Some(10), None));
     let x = w.d.post_read(w.to_p, &[d], None, t(0)).unwrap();
     w.net.crash(w.p.node());
     w.net.restart(w.p.node());
@@ -757,14 +762,8 @@ fn read_against_an_agent_that_restarted_fails() {
 
 #[test]
 fn partition_cuts_both_directions_until_healed() {
-    let src = Buf::new(&[3; 8]);
-    let dst = Buf::new(&[0; 8]);
-    let mut w = pair(LoopbackConfig {
-        read_latency: Duration::from_millis(1),
-        transfer_timeout: Duration::from_millis(100),
-        ..LoopbackConfig::default()
-    });
-    let d = desc(dst.register(&mut w.d), src.register(&mut w.p), 8);
+    let (src, dst) = bufs(3);
+    let (mut w, d) = read_pair(&src, &dst, timing(Some(1), Some(100)));
     let mut e = LoopbackFabric::join(&w.net, "E").unwrap();
     let e_to_p = connect(&mut e, "P", t(0));
     w.net.partition(w.p.node(), w.d.node());
@@ -806,13 +805,8 @@ fn silent_drop_mode_loses_sends_over_a_down_link() {
 
 #[test]
 fn dropping_a_fabric_is_a_crash_that_never_restarts() {
-    let src = Buf::new(&[1; 8]);
-    let dst = Buf::new(&[0; 8]);
-    let mut w = pair(LoopbackConfig {
-        transfer_timeout: Duration::from_millis(10),
-        ..LoopbackConfig::default()
-    });
-    let d = desc(dst.register(&mut w.d), src.register(&mut w.p), 8);
+    let (src, dst) = bufs(1);
+    let (mut w, d) = read_pair(&src, &dst, timing(None, Some(10)));
     let p_node = w.p.node();
     let x = w.d.post_read(w.to_p, &[d], None, t(0)).unwrap();
     // Swap P out and drop it.
