@@ -69,25 +69,15 @@ fn steady_state_d_steps_allocate_nothing() {
         // Notifications of at most 512 bytes force splitting; the log keeps
         // the first 1,024 messages, the counters count all of them.
         let mut f = FakeFabric::new(512, 256, 1024, 1 << 18);
-        f.set_policy(
-            "p0:5600/e03/",
-            Policy {
-                fail_attempts: u32::MAX,
-                ..Policy::default()
-            },
-        );
+        f.set_policy("p0:5600/e03/", Policy::unreachable());
         f.set_policy(
             "p0:5600/e04/",
             Policy {
                 ready_after_polls: 3,
-                compact: true,
-                ..Policy::default()
+                ..Policy::compact()
             },
         );
-        f.set_default_policy(Policy {
-            compact: true,
-            ..Policy::default()
-        });
+        f.set_default_policy(Policy::compact());
         f
     };
     let mut senders: Vec<HeartbeatSender<FakeFabric, DefaultPeerAddress>> = (0..2)

@@ -92,19 +92,12 @@ fn the_d_split_allocates_nothing_per_step() {
     tracker.set_workers(2);
     let make_fabric = || {
         let mut f = FakeFabric::new(512, 256, 256, 1 << 16);
-        f.set_policy(
-            "p0:5600/e3/",
-            Policy {
-                fail_attempts: u32::MAX,
-                ..Policy::default()
-            },
-        );
+        f.set_policy("p0:5600/e3/", Policy::unreachable());
         f.set_policy(
             "p0:5600/e4/",
             Policy {
                 ready_after_polls: 4,
-                compact: true,
-                ..Policy::default()
+                ..Policy::compact()
             },
         );
         f.set_policy(
@@ -114,10 +107,7 @@ fn the_d_split_allocates_nothing_per_step() {
                 ..Policy::default()
             },
         );
-        f.set_default_policy(Policy {
-            compact: true,
-            ..Policy::default()
-        });
+        f.set_default_policy(Policy::compact());
         f
     };
     let mut workers: Vec<HeartbeatSender<FakeFabric, DefaultPeerAddress>> = (0..2)

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvlease::testkit::SplitMix64;
+use kvlease::testkit::{p_side_config, SplitMix64};
 use kvlease::{
     EngineShape, Instant, LeaseConfig, LeaseSlots, PrefillRank, PrefillScheduler, SlotTicket,
 };
@@ -30,12 +30,7 @@ const IDS: usize = 1024;
 #[test]
 fn split_p_roles_allocate_nothing_after_construction() {
     // --- construction: allowed to allocate ---
-    let mut config = LeaseConfig::new(EngineShape {
-        num_kv_blocks: 384,
-        max_num_seqs: 0,
-    });
-    config.lease_capacity = 512;
-    config.validate().unwrap();
+    let config = p_side_config(384, 512);
     let mut sched = PrefillScheduler::new(&config, 2, Instant::ZERO).unwrap();
     let mut ranks: Vec<PrefillRank> = (0..2)
         .map(|r| {

@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use kvlease::testkit::SplitMix64;
-use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig, SlotTicket};
+use kvlease::testkit::{p_side_config, SplitMix64};
+use kvlease::{Instant, LeaseBook, SlotTicket};
 
 #[path = "support/counting_alloc.rs"]
 mod counting_alloc;
@@ -25,12 +25,7 @@ const LIVE: usize = 512;
 #[test]
 fn p_side_steps_allocate_nothing_after_construction() {
     // --- construction: allowed to allocate ---
-    let mut config = LeaseConfig::new(EngineShape {
-        num_kv_blocks: 384,
-        max_num_seqs: 0,
-    });
-    config.lease_capacity = 1024;
-    config.validate().unwrap();
+    let config = p_side_config(384, 1024);
     let mut book = LeaseBook::new(&config, Instant::ZERO);
     let ids: Vec<String> = (0..LIVE * 2).map(|i| format!("cmpl-{i:032x}-0")).collect();
     let mut nonces = vec![None; ids.len()];

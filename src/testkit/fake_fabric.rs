@@ -48,6 +48,24 @@ pub struct Policy {
     pub send_error: Option<FabricError>,
 }
 
+impl Policy {
+    /// Every handshake attempt fails (the agent is never reachable).
+    pub fn unreachable() -> Policy {
+        Policy {
+            fail_attempts: u32::MAX,
+            ..Policy::default()
+        }
+    }
+
+    /// Ready at the first poll, advertising compact heartbeats.
+    pub fn compact() -> Policy {
+        Policy {
+            compact: true,
+            ..Policy::default()
+        }
+    }
+}
+
 impl Default for Policy {
     fn default() -> Policy {
         Policy {

@@ -11,33 +11,17 @@ use kvlease::consumer::{
     RemotePrefillParams, SenderConfig, SenderError, StepError,
 };
 use kvlease::fabric::{FabricError, HandshakeState};
-use kvlease::testkit::{FakeFabric, Policy, SplitMix64};
+use kvlease::testkit::{d_side_config, remote_prefill, FakeFabric, Policy, SplitMix64};
 use kvlease::topology::TopologyError;
 use kvlease::wire::{self, Notification};
-use kvlease::{EngineShape, Instant, LeaseConfig};
+use kvlease::{Instant, LeaseConfig};
 
 fn lease_config() -> LeaseConfig {
-    let mut c = LeaseConfig::new(EngineShape {
-        num_kv_blocks: 1024,
-        max_num_seqs: 64,
-    });
-    c.max_tracked_requests = 256;
-    c.max_remote_engines = 8;
-    c.max_request_id_len = 64;
-    c.validate().unwrap();
-    c
+    d_side_config(1024, 64, 256, 8, 64)
 }
 
 fn params<'a>(engine: &'a str, p_id: &'a str, p_tp: u32) -> RemotePrefillParams<'a> {
-    RemotePrefillParams {
-        do_remote_prefill: true,
-        remote_engine_id: Some(engine),
-        remote_request_id: Some(p_id),
-        remote_host: Some("p0"),
-        remote_port: Some(5600),
-        tp_size: Some(p_tp),
-        ..Default::default()
-    }
+    remote_prefill(engine, p_id, "p0", 5600, p_tp)
 }
 
 fn leased<'a>(engine: &'a str, p_id: &'a str, slot: u32, nonce: u64) -> RemotePrefillParams<'a> {
@@ -273,10 +257,7 @@ fn compact_form_only_when_the_peer_takes_it_and_every_request_is_leased() {
     t.on_new_request("d2", &leased("eng", "p2", 9, 0x1234), T0)
         .unwrap();
     let mut f = fabric();
-    f.set_default_policy(Policy {
-        compact: true,
-        ..Policy::default()
-    });
+    f.set_default_policy(Policy::compact());
     let mut s = sender(f, 1, 0);
     let now = connect(&mut s, &mut t);
     let msgs = s.fabric().sent_to("p0:5600/eng/0");
@@ -556,8 +537,7 @@ fn hostile_fabrics_and_engines_never_panic() {
             "p0:5600/e2/",
             Policy {
                 ready_after_polls: 4,
-                compact: true,
-                ..Policy::default()
+                ..Policy::compact()
             },
         );
         f.set_policy(

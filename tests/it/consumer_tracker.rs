@@ -11,32 +11,16 @@ use kvlease::consumer::{
     EngineBatch, EngineKey, HeartbeatTracker, ParamProblem, RemotePrefillParams, TrackError,
     TrackOutcome, INLINE_ID_LEN,
 };
-use kvlease::testkit::SplitMix64;
+use kvlease::testkit::{d_side_config, remote_prefill, SplitMix64};
 use kvlease::wire::CompactEntry;
 use kvlease::{EngineShape, Instant, LeaseConfig, Nonce};
 
 fn config(requests: u32, engines: u32) -> LeaseConfig {
-    let mut c = LeaseConfig::new(EngineShape {
-        num_kv_blocks: 1024,
-        max_num_seqs: 64,
-    });
-    c.max_tracked_requests = requests;
-    c.max_remote_engines = engines;
-    c.max_request_id_len = 48;
-    c.validate().unwrap();
-    c
+    d_side_config(1024, 64, requests, engines, 48)
 }
 
 fn params<'a>(engine: &'a str, p_id: &'a str) -> RemotePrefillParams<'a> {
-    RemotePrefillParams {
-        do_remote_prefill: true,
-        remote_engine_id: Some(engine),
-        remote_request_id: Some(p_id),
-        remote_host: Some("10.0.0.1"),
-        remote_port: Some(5600),
-        tp_size: Some(1),
-        ..Default::default()
-    }
+    remote_prefill(engine, p_id, "10.0.0.1", 5600, 1)
 }
 
 /// One step's due output: engine id -> sorted P-side ids.

@@ -21,33 +21,17 @@ use kvlease::fabric::FabricError;
 use kvlease::ipc::outcome::{self, Outcome, OutcomeMsg};
 use kvlease::ipc::plan::HeartbeatPlan;
 use kvlease::ipc::IpcError;
-use kvlease::testkit::{FakeFabric, Policy, SplitMix64};
-use kvlease::{EngineShape, Instant, LeaseConfig};
+use kvlease::testkit::{d_side_config, remote_prefill, FakeFabric, Policy, SplitMix64};
+use kvlease::{Instant, LeaseConfig};
 
 type Sender = HeartbeatSender<FakeFabric, DefaultPeerAddress>;
 
 fn lease_config(engines: u32) -> LeaseConfig {
-    let mut c = LeaseConfig::new(EngineShape {
-        num_kv_blocks: 1024,
-        max_num_seqs: 64,
-    });
-    c.max_tracked_requests = 256;
-    c.max_remote_engines = engines;
-    c.max_request_id_len = 64;
-    c.validate().unwrap();
-    c
+    d_side_config(1024, 64, 256, engines, 64)
 }
 
 fn params<'a>(engine: &'a str, p_id: &'a str, p_tp: u32) -> RemotePrefillParams<'a> {
-    RemotePrefillParams {
-        do_remote_prefill: true,
-        remote_engine_id: Some(engine),
-        remote_request_id: Some(p_id),
-        remote_host: Some("p0"),
-        remote_port: Some(5600),
-        tp_size: Some(p_tp),
-        ..Default::default()
-    }
+    remote_prefill(engine, p_id, "p0", 5600, p_tp)
 }
 
 const T0: Instant = Instant::from_secs(50);
@@ -225,8 +209,7 @@ fn step_and_the_byte_path_send_the_same_heartbeats() {
             "p0:5600/e1/",
             Policy {
                 ready_after_polls: 4,
-                compact: true,
-                ..Policy::default()
+                ..Policy::compact()
             },
         );
         f.set_policy(
@@ -245,8 +228,7 @@ fn step_and_the_byte_path_send_the_same_heartbeats() {
         );
         f.set_default_policy(Policy {
             ready_after_polls: 2,
-            compact: true,
-            ..Policy::default()
+            ..Policy::compact()
         });
         f
     };

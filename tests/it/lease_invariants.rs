@@ -6,19 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvlease::producer::ReadDoneOutcome;
+use kvlease::testkit::p_side_config;
 use kvlease::{
-    EngineShape, Instant, LeaseBook, LeaseConfig, LeaseSlots, NonceSource, ReleaseReason, Renewal,
-    SlotPool,
+    Instant, LeaseBook, LeaseConfig, LeaseSlots, NonceSource, ReleaseReason, Renewal, SlotPool,
 };
 
 fn config(slots: u32, capacity: u32) -> LeaseConfig {
-    let mut c = LeaseConfig::new(EngineShape {
-        num_kv_blocks: slots,
-        max_num_seqs: 0,
-    });
-    c.lease_capacity = capacity;
-    c.validate().unwrap();
-    c
+    p_side_config(slots, capacity)
 }
 
 fn book_with_ranks(slots: u32, capacity: u32, ranks: usize) -> LeaseBook {

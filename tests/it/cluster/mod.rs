@@ -47,9 +47,10 @@ use kvlease::ipc::outcome::{self, Outcome, OutcomeMsg};
 use kvlease::ipc::plan::HeartbeatPlan;
 use kvlease::ipc::report::ReportMsg;
 use kvlease::ipc::MsgKind;
+use kvlease::testkit::six_second_leases;
 use kvlease::{
-    wire, EngineShape, Instant, LeaseConfig, LeaseFields, LeaseSlots, Nonce, PrefillRank,
-    PrefillScheduler, ReleaseReason,
+    wire, Instant, LeaseConfig, LeaseFields, LeaseSlots, Nonce, PrefillRank, PrefillScheduler,
+    ReleaseReason,
 };
 
 /// The process hub: the deployment as separate processes over real NIXL.
@@ -75,13 +76,7 @@ pub fn kv_word(rank: u32, i: usize) -> u64 {
 /// The deployment's lease settings: the shortest lease the config accepts,
 /// 6 s (heartbeat interval 1 s, extension 4 s), so real-time runs stay short.
 pub fn lease_config() -> LeaseConfig {
-    let mut c = LeaseConfig::new(EngineShape {
-        num_kv_blocks: 24,
-        max_num_seqs: 8,
-    });
-    c.lease_duration = Duration::from_secs(6);
-    c.validate().expect("6 s leases are valid");
-    c
+    six_second_leases(24, 8)
 }
 
 // ---- roles, commands, events -----------------------------------------------------------

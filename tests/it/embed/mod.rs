@@ -23,9 +23,10 @@ use kvlease::consumer::{
 };
 use kvlease::fabric::{AgentId, Fabric, LeaseAdvert, PeerRecord};
 use kvlease::ipc::report::ReportMsg;
+use kvlease::testkit::six_second_leases;
 use kvlease::{
-    wire, EngineShape, Instant, LeaseConfig, LeaseFields, LeaseSlots, PrefillRank,
-    PrefillScheduler, ReleaseReason,
+    wire, Instant, LeaseConfig, LeaseFields, LeaseSlots, PrefillRank, PrefillScheduler,
+    ReleaseReason,
 };
 use std::sync::Arc;
 
@@ -40,13 +41,7 @@ pub const ENGINE_NOTE: &[u8] = b"engine:kv-layout-changed";
 
 /// 6 s leases (heartbeat every 1 s, extension 4 s).
 pub fn lease_config() -> LeaseConfig {
-    let mut c = LeaseConfig::new(EngineShape {
-        num_kv_blocks: 16,
-        max_num_seqs: 4,
-    });
-    c.lease_duration = Duration::from_secs(6);
-    c.validate().expect("valid");
-    c
+    six_second_leases(16, 4)
 }
 
 /// Where a worker's KV buffer lives, in its fabric's terms (NIXL: address;

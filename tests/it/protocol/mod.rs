@@ -39,8 +39,9 @@ use kvlease::fabric::{
     AgentId, Fabric, HandshakeState, PeerInfo, ReadDesc, RegionId, XferId, XferState,
 };
 use kvlease::producer::{InboxSummary, ReadDoneOutcome};
+use kvlease::testkit::six_second_leases;
 use kvlease::wire::{self, WireError};
-use kvlease::{EngineShape, Grant, Instant, LeaseBook, LeaseConfig, ReleaseReason};
+use kvlease::{Grant, Instant, LeaseBook, LeaseConfig, ReleaseReason};
 
 /// How D turns P's `(remote_host, remote_port)` into a handshake address.
 pub type AddrFn = fn(&EngineKey<'_>, u32, &mut dyn fmt::Write) -> fmt::Result;
@@ -75,13 +76,7 @@ pub fn kv_word(i: usize) -> u64 {
 /// The lease settings of the suite: the shortest lease the config accepts,
 /// 6 s (interval 1 s, extension 4 s), so the real-time runs stay short.
 pub fn lease_config() -> LeaseConfig {
-    let mut c = LeaseConfig::new(EngineShape {
-        num_kv_blocks: 24,
-        max_num_seqs: 8,
-    });
-    c.lease_duration = Duration::from_secs(6);
-    c.validate().expect("6 s leases are valid");
-    c
+    six_second_leases(24, 8)
 }
 
 /// Two agents, P and D, on one fabric, plus the clock they share.
