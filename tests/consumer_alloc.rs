@@ -28,20 +28,8 @@ use kvlease::testkit::{FakeFabric, Policy, SplitMix64};
 use kvlease::{EngineShape, Instant, LeaseConfig};
 
 /// Writes `prefix` and `n` in decimal into `buf`; returns the text.
-fn id_into<'b, const N: usize>(buf: &'b mut [u8; N], prefix: &[u8], mut n: u64) -> &'b str {
-    let mut digits = [0u8; 20];
-    let mut k = digits.len();
-    loop {
-        k -= 1;
-        digits[k] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let len = prefix.len() + digits.len() - k;
-    buf[..prefix.len()].copy_from_slice(prefix);
-    buf[prefix.len()..len].copy_from_slice(&digits[k..]);
+fn id_into<'b, const N: usize>(buf: &'b mut [u8; N], prefix: &[u8], n: u64) -> &'b str {
+    let len = counting_alloc::id_into(buf, prefix, n);
     std::str::from_utf8(&buf[..len]).unwrap()
 }
 

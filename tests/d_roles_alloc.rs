@@ -14,7 +14,7 @@
 #[path = "support/counting_alloc.rs"]
 mod counting_alloc;
 
-use counting_alloc::{count_allocs, CountingAlloc};
+use counting_alloc::{count_allocs, id_into, CountingAlloc};
 
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
@@ -33,24 +33,6 @@ use kvlease::ipc::plan::HeartbeatPlan;
 use kvlease::slot_pool::SlotPool;
 use kvlease::testkit::{FakeFabric, Policy, SplitMix64};
 use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig, LeaseFields, LeaseSlots, NonceSource};
-
-/// Writes `prefix` and `n` in decimal into `buf`; returns the length.
-fn id_into(buf: &mut [u8; 32], prefix: &[u8], mut n: u64) -> usize {
-    let mut digits = [0u8; 20];
-    let mut k = digits.len();
-    loop {
-        k -= 1;
-        digits[k] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let len = prefix.len() + digits.len() - k;
-    buf[..prefix.len()].copy_from_slice(prefix);
-    buf[prefix.len()..len].copy_from_slice(&digits[k..]);
-    len
-}
 
 fn text(buf: &[u8; 32], len: usize) -> &str {
     std::str::from_utf8(&buf[..len]).unwrap()

@@ -9,12 +9,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::loopback_p::{loopback_p, ENGINE};
 use kvlease::consumer::{
     EngineKey, HeartbeatSender, HeartbeatTracker, RemotePrefillParams, SenderConfig,
 };
 use kvlease::fabric::loopback::{LoopbackConfig, LoopbackFabric, LoopbackNetwork};
 use kvlease::fabric::Fabric;
-use kvlease::slot_pool::SlotPool;
+use kvlease::testkit::remote_prefill;
 use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig, NonceSource, ReleaseReason};
 
 /// Loopback agents are named `{engine_id}/{rank}`; that is the address.
@@ -48,28 +49,9 @@ impl Deployment {
             num_kv_blocks: 256,
             max_num_seqs: 16,
         });
-        let pool = Arc::new(SlotPool::new(config.lease_slots));
-        let slots: Vec<_> = (0..p_tp)
-            .map(|_| Arc::new(kvlease::LeaseSlots::new(config.lease_slots)))
-            .collect();
         let now = Instant::from_secs(10);
-        let book = LeaseBook::with_parts(
-            &config,
-            slots.clone(),
-            pool,
-            NonceSource::from_seed(1, 2, 3),
-            now,
-        )
-        .unwrap();
-        let p_agents = slots
-            .into_iter()
-            .enumerate()
-            .map(|(rank, s)| {
-                let mut f = LoopbackFabric::join(&net, &format!("prefill-a/{rank}")).unwrap();
-                f.register_slots(s, compact).unwrap();
-                f
-            })
-            .collect();
+        let nonces = NonceSource::from_seed(1, 2, 3);
+        let (book, p_agents) = loopback_p(&net, &config, p_tp, compact, nonces, now);
         let d = LoopbackFabric::join(&net, "decode-0").unwrap();
         let sender = HeartbeatSender::new(
             d,
@@ -95,15 +77,9 @@ impl Deployment {
         let grant = self.book.grant(p_id, self.now).unwrap();
         let lease = grant.lease_fields().map(|f| (f.slot, f.nonce));
         let params = RemotePrefillParams {
-            do_remote_prefill: true,
-            remote_engine_id: Some("prefill-a"),
-            remote_request_id: Some(p_id),
-            remote_host: Some("10.0.0.1"),
-            remote_port: Some(5600),
-            tp_size: Some(p_tp),
             remote_lease_slot: lease.map(|l| l.0),
             remote_lease_nonce: lease.map(|l| l.1.get()),
-            ..Default::default()
+            ..remote_prefill(ENGINE, p_id, "10.0.0.1", 5600, p_tp)
         };
         self.tracker
             .on_new_request(d_id, &params, self.now)

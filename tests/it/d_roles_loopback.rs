@@ -20,6 +20,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::loopback_p::{loopback_p, ENGINE};
 use kvlease::consumer::{
     EngineHandle, EngineKey, HeartbeatSender, HeartbeatTracker, LeaseVerifier, PeerStatus,
     RemotePrefillParams, SenderConfig, Verdict, VerifyTarget,
@@ -29,6 +30,7 @@ use kvlease::fabric::{Fabric, HandshakeState};
 use kvlease::ipc::outcome::{self, Outcome, OutcomeMsg};
 use kvlease::ipc::plan::HeartbeatPlan;
 use kvlease::slot_pool::SlotPool;
+use kvlease::testkit::remote_prefill;
 use kvlease::{
     EngineShape, Instant, LeaseBook, LeaseConfig, LeaseFields, LeaseSlots, NonceSource,
     ReleaseReason,
@@ -133,26 +135,8 @@ impl Deployment {
             max_num_seqs: 16,
         });
         let now = Instant::from_secs(10);
-        let slots: Vec<_> = (0..TP)
-            .map(|_| Arc::new(LeaseSlots::new(config.lease_slots)))
-            .collect();
-        let book = LeaseBook::with_parts(
-            &config,
-            slots.clone(),
-            Arc::new(SlotPool::new(config.lease_slots)),
-            NonceSource::from_seed(4, 5, 6),
-            now,
-        )
-        .unwrap();
-        let p_agents = slots
-            .into_iter()
-            .enumerate()
-            .map(|(rank, s)| {
-                let mut f = LoopbackFabric::join(&net, &format!("prefill-a/{rank}")).unwrap();
-                f.register_slots(s, compact).unwrap();
-                f
-            })
-            .collect();
+        let nonces = NonceSource::from_seed(4, 5, 6);
+        let (book, p_agents) = loopback_p(&net, &config, TP, compact, nonces, now);
         let workers = (0..TP)
             .map(|rank| {
                 let mut f = LoopbackFabric::join(&net, &format!("decode/{rank}")).unwrap();
@@ -198,15 +182,9 @@ impl Deployment {
         let fields = LeaseFields::from_params(g.slot, Some(g.nonce.get()));
         let sent = if drop_fields { None } else { fields };
         let params = RemotePrefillParams {
-            do_remote_prefill: true,
-            remote_engine_id: Some("prefill-a"),
-            remote_request_id: Some(p_id),
-            remote_host: Some("10.0.0.1"),
-            remote_port: Some(5600),
-            tp_size: Some(TP),
             remote_lease_slot: sent.map(|f| f.slot),
             remote_lease_nonce: sent.map(|f| f.nonce.get()),
-            ..Default::default()
+            ..remote_prefill(ENGINE, p_id, "10.0.0.1", 5600, TP)
         };
         assert!(params.lease_fields() == sent);
         self.tracker

@@ -21,11 +21,12 @@
 //! `KVLEASE_REQUIRE_NIXL=1`.
 
 use crate::embed;
+use crate::support::child::{spawn_test_child, KillOnDrop};
 use crate::support::exact_test_name;
 use crate::support::pipes;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{self, Receiver};
+use std::io::Write;
+use std::process::ChildStdin;
+use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use kvlease::fabric::nixl::{agents_created, NixlConfig, NixlFabric};
@@ -247,7 +248,7 @@ fn p_main() {
 
 struct NixlDeployment {
     clock: MonotonicClock,
-    child: Child,
+    _child: KillOnDrop,
     stdin: ChildStdin,
     lines: Receiver<String>,
     d: DWorker<NixlEngine>,
@@ -256,32 +257,14 @@ struct NixlDeployment {
 
 impl NixlDeployment {
     fn start() -> NixlDeployment {
-        let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args([
-                "--exact",
-                &exact_test_name!(embedded_in_engine_agents_over_nixl),
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("P process");
-        let stdin = child.stdin.take().expect("piped");
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(i) = line.find("KVE ") {
-                    if tx.send(line[i + 4..].to_owned()).is_err() {
-                        return;
-                    }
-                }
-            }
-        });
+        let child = spawn_test_child(
+            &exact_test_name!(embedded_in_engine_agents_over_nixl),
+            &[(CHILD_ENV, "1")],
+            true,
+            // P's protocol lines, without the prefix; the rest is libtest's.
+            |line| line.find("KVE ").map(|i| line[i + 4..].to_owned()),
+        );
+        let rx = child.lines;
         let wait = |what: &str| -> String {
             let line = rx
                 .recv_timeout(Duration::from_secs(30))
@@ -307,8 +290,8 @@ impl NixlDeployment {
         );
         NixlDeployment {
             clock,
-            child,
-            stdin,
+            _child: child.process,
+            stdin: child.stdin.expect("piped"),
             lines: rx,
             d,
             granted: None,
@@ -318,13 +301,6 @@ impl NixlDeployment {
     fn tell(&mut self, line: &str) {
         writeln!(self.stdin, "{line}").expect("P's stdin");
         self.stdin.flush().expect("flush");
-    }
-}
-
-impl Drop for NixlDeployment {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -22,11 +22,12 @@
 // Std atomics are fine in tests (clippy.toml's rule is for the library; see src/sync.rs).
 #![allow(clippy::disallowed_types)]
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc};
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::child::{every_line, spawn_test_child, wait_for, KillOnDrop};
 use crate::support::exact_test_name;
 use crate::support::nixl_gate::{nixl_or_skip, say};
 use crate::support::nixl_pair::{
@@ -775,50 +776,17 @@ fn child_peer_process() {
     }
 }
 
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn spawn_child(seed: u64, listen: &str) -> (KillOnDrop, String) {
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new(exe)
-        .args([
-            "--exact",
-            &exact_test_name!(child_peer_process),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, "1")
-        .env(SEED_ENV, seed.to_string())
-        .env(LISTEN_ENV, listen)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("re-execute the test binary");
-    let out = child.stdout.take().unwrap();
-    let child = KillOnDrop(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            if let Some((_, addr)) = line.split_once(READY_LINE) {
-                if let Some(tx) = tx.take() {
-                    let _ = tx.send(addr.trim().to_owned());
-                }
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(30))
+    let seed = seed.to_string();
+    let child = spawn_test_child(
+        &exact_test_name!(child_peer_process),
+        &[(CHILD_ENV, "1"), (SEED_ENV, &seed), (LISTEN_ENV, listen)],
+        false,
+        every_line,
+    );
+    let addr = wait_for(&child.lines, READY_LINE, Duration::from_secs(30))
         .expect("child did not report its address");
-    (child, addr)
+    (child.process, addr.trim().to_owned())
 }
 
 #[test]

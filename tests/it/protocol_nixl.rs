@@ -23,12 +23,12 @@
 #![allow(clippy::disallowed_types)]
 
 use crate::protocol;
+use crate::support::child::{every_line, spawn_test_child, wait_for, KillOnDrop};
 use crate::support::exact_test_name;
 use crate::support::pipes;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::io::Write;
+use std::process::ChildStdin;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use crate::support::nixl_gate::{nixl_or_skip, say};
@@ -208,48 +208,17 @@ fn d_child() {
     }
 }
 
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts the D child and waits until its NIXL agent is up.
 fn spawn_d() -> (KillOnDrop, ChildStdin) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            &exact_test_name!(p_reclaims_the_leases_of_a_killed_d_process),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("re-execute the test binary");
-    let stdin = child.stdin.take().unwrap();
-    let out = child.stdout.take().unwrap();
-    let child = KillOnDrop(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            if line.contains(READY_LINE) {
-                if let Some(tx) = tx.take() {
-                    let _ = tx.send(());
-                }
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(30))
+    let child = spawn_test_child(
+        &exact_test_name!(p_reclaims_the_leases_of_a_killed_d_process),
+        &[(CHILD_ENV, "1")],
+        true,
+        every_line,
+    );
+    wait_for(&child.lines, READY_LINE, Duration::from_secs(30))
         .expect("the D child did not come up");
-    (child, stdin)
+    (child.process, child.stdin.expect("piped"))
 }
 
 #[test]

@@ -25,10 +25,11 @@
 //! timing bounds are the generous ones named below.
 #![allow(clippy::disallowed_types)] // test memory: leaked std atomics (see clippy.toml)
 
+use crate::support::child::{every_line, spawn_test_child, wait_for, KillOnDrop};
 use crate::support::exact_test_name;
 use crate::support::pipes;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::io::Write;
+use std::process::ChildStdin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -183,15 +184,6 @@ fn d_child() {
 
 // ---- P: this process ------------------------------------------------------------------
 
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 struct P {
     clock: MonotonicClock,
     f: NixlFabric,
@@ -315,45 +307,17 @@ fn start() -> P {
     let landing = leak_words(BLOCK_WORDS);
     let landing_region = register_words(&mut f, landing);
     let verifier = LeaseVerifier::new(&mut f, 16, 4).unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            &exact_test_name!(turn2_reads_over_real_nixl_between_two_processes),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, "1")
-        .env(P_ADDR_ENV, f.listen_addr().to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("re-execute the test binary");
-    let stdin = child.stdin.take().unwrap();
-    let out = child.stdout.take().unwrap();
-    let child = KillOnDrop(child);
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    // libtest's "test ... " has no newline yet when the child prints.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let ready = loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let line = lines
-            .recv_timeout(left)
-            .expect("the D child did not come up");
-        if let Some(at) = line.find(READY) {
-            break line[at..].to_owned();
-        }
-    };
+    let p_addr = f.listen_addr().to_string();
+    let child = spawn_test_child(
+        &exact_test_name!(turn2_reads_over_real_nixl_between_two_processes),
+        &[(CHILD_ENV, "1"), (P_ADDR_ENV, &p_addr)],
+        true,
+        every_line,
+    );
+    let ready = wait_for(&child.lines, READY, Duration::from_secs(30))
+        .expect("the D child did not come up");
     let w: Vec<&str> = ready.split_whitespace().collect();
-    let (d_addr, kv_region) = (w[1].to_owned(), RegionId(w[2].parse().unwrap()));
+    let (d_addr, kv_region) = (w[0].to_owned(), RegionId(w[1].parse().unwrap()));
     let to_d = f.start_handshake(&d_addr, clock.now()).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let info = loop {
@@ -381,9 +345,9 @@ fn start() -> P {
         verifier,
         est,
         pinger: ClockPinger::new(0x7ee5, Duration::from_secs(1)),
-        lines,
-        stdin,
-        _child: child,
+        lines: child.lines,
+        stdin: child.stdin.expect("piped"),
+        _child: child.process,
     }
 }
 

@@ -7,6 +7,8 @@
 //! per binary).
 #![allow(dead_code)] // each test binary uses part of it
 
+pub mod child;
+pub mod loopback_p;
 #[cfg(feature = "nixl")]
 pub mod nixl_gate;
 #[cfg(feature = "nixl")]
