@@ -9,12 +9,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::loopback_p::{loopback_p, ENGINE};
+use crate::support::loopback_p::{loopback_p, p_step, ENGINE};
 use kvlease::consumer::{
     EngineKey, HeartbeatSender, HeartbeatTracker, RemotePrefillParams, SenderConfig,
 };
 use kvlease::fabric::loopback::{LoopbackConfig, LoopbackFabric, LoopbackNetwork};
-use kvlease::fabric::Fabric;
 use kvlease::testkit::remote_prefill;
 use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig, NonceSource, ReleaseReason};
 
@@ -98,29 +97,13 @@ impl Deployment {
             self.sender.step(&mut self.tracker, self.now);
             // P step: every rank drains, the book applies, then expires.
             let now = self.now;
-            for (rank, agent) in self.p_agents.iter_mut().enumerate() {
-                let book = &mut self.book;
-                let got = &mut received[rank];
-                agent
-                    .drain_notifications(&mut |_from, msg| {
-                        if msg.starts_with(b"HB") {
-                            *got += 1;
-                        }
-                        book.on_notification(rank as u32, msg, now).unwrap();
-                    })
-                    .unwrap();
-            }
-            self.book.poll(now);
-            let released = &mut self.released;
-            let mut tickets = Vec::new();
-            self.book.drain_released(|r| {
-                released.push((r.request_id.to_string(), r.reason, now));
-                tickets.extend(r.slot);
+            // The "engine" frees the blocks at once: slots back to the pool.
+            let (book, agents) = (&mut self.book, &mut self.p_agents);
+            p_step(book, agents, now, true, &mut self.released, |rank, msg| {
+                if msg.starts_with(b"HB") {
+                    received[rank] += 1;
+                }
             });
-            // The "engine" freed the blocks at once: slots back to the pool.
-            for t in tickets {
-                self.book.blocks_freed(t);
-            }
         }
         received
     }

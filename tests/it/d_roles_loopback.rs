@@ -20,7 +20,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::loopback_p::{loopback_p, ENGINE};
+use crate::support::loopback_p::{loopback_p, p_step, ENGINE};
 use kvlease::consumer::{
     EngineHandle, EngineKey, HeartbeatSender, HeartbeatTracker, LeaseVerifier, PeerStatus,
     RemotePrefillParams, SenderConfig, Verdict, VerifyTarget,
@@ -209,28 +209,12 @@ impl Deployment {
             .map(|w| w.step(&self.plan[..n], &self.tokens, now))
             .collect();
         // P ranks.
-        for (rank, agent) in self.p_agents.iter_mut().enumerate() {
-            let book = &mut self.book;
-            let heard = &mut self.heard[rank];
-            agent
-                .drain_notifications(&mut |_from, msg| {
-                    if msg.starts_with(b"HB") {
-                        heard.push(now);
-                    }
-                    let _ = book.on_notification(rank as u32, msg, now);
-                })
-                .unwrap();
-        }
-        self.book.poll(now);
-        let released = &mut self.released;
-        let mut tickets = Vec::new();
-        self.book.drain_released(|r| {
-            released.push((r.request_id.to_string(), r.reason, now));
-            tickets.extend(r.slot);
+        let (book, agents, heard) = (&mut self.book, &mut self.p_agents, &mut self.heard);
+        p_step(book, agents, now, false, &mut self.released, |rank, msg| {
+            if msg.starts_with(b"HB") {
+                heard[rank].push(now);
+            }
         });
-        for t in tickets {
-            self.book.blocks_freed(t);
-        }
         // D scheduler: the outcome bytes from every worker.
         for bytes in messages {
             let msg = OutcomeMsg::decode(&bytes).expect("a worker's outcomes decode");

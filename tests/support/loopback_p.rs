@@ -8,7 +8,7 @@ use std::sync::Arc;
 use kvlease::fabric::loopback::{LoopbackFabric, LoopbackNetwork};
 use kvlease::fabric::Fabric;
 use kvlease::slot_pool::SlotPool;
-use kvlease::{Instant, LeaseBook, LeaseConfig, LeaseSlots, NonceSource};
+use kvlease::{Instant, LeaseBook, LeaseConfig, LeaseSlots, NonceSource, ReleaseReason};
 
 /// The P engine's id (its agents are `{ENGINE}/{rank}`).
 pub const ENGINE: &str = "prefill-a";
@@ -39,4 +39,38 @@ pub fn loopback_p(
         })
         .collect();
     (book, agents)
+}
+
+/// One P step at `now`: every rank's agent drains its notifications into
+/// the book (`heard(rank, msg)` sees each one first; with `strict` the book
+/// must accept every one), the book expires what is due, and each release
+/// is recorded in `released` while the "engine" frees its blocks at once.
+pub fn p_step(
+    book: &mut LeaseBook,
+    agents: &mut [LoopbackFabric],
+    now: Instant,
+    strict: bool,
+    released: &mut Vec<(String, ReleaseReason, Instant)>,
+    mut heard: impl FnMut(usize, &[u8]),
+) {
+    for (rank, agent) in agents.iter_mut().enumerate() {
+        agent
+            .drain_notifications(&mut |_from, msg| {
+                heard(rank, msg);
+                let applied = book.on_notification(rank as u32, msg, now);
+                if strict {
+                    applied.unwrap();
+                }
+            })
+            .unwrap();
+    }
+    book.poll(now);
+    let mut tickets = Vec::new();
+    book.drain_released(|r| {
+        released.push((r.request_id.to_string(), r.reason, now));
+        tickets.extend(r.slot);
+    });
+    for t in tickets {
+        book.blocks_freed(t);
+    }
 }
