@@ -15,7 +15,7 @@ use kvlease::fabric::{
 use kvlease::{Instant, LeaseFields};
 
 use crate::embed::{
-    DWorker, Deployment, EngineAgent, EngineHello, LoadState, PEvent, PWorker, RemoteKv, KV_LEN,
+    DWorker, Deployment, EngineAgent, EngineHello, PEvent, PWorker, RemoteKv, KV_LEN,
 };
 
 /// The engine's side over a loopback agent.
@@ -126,6 +126,12 @@ impl LoopbackDeployment {
 }
 
 impl Deployment for LoopbackDeployment {
+    type E = LoopbackEngine;
+
+    fn d(&mut self) -> &mut DWorker<LoopbackEngine> {
+        &mut self.d
+    }
+
     fn now(&self) -> Instant {
         self.now
     }
@@ -145,22 +151,6 @@ impl Deployment for LoopbackDeployment {
 
     fn track(&mut self, d_id: &str, p_id: &str, lease: LeaseFields) {
         self.d.track(d_id, p_id, lease, self.now);
-    }
-
-    fn engine_note(&mut self) {
-        self.d.send_engine_note(self.now);
-    }
-
-    fn load(&mut self, p_id: &str, verify: bool, attach_anyway: bool) {
-        self.d.start_load(p_id, verify, attach_anyway, self.now);
-    }
-
-    fn load_state(&mut self) -> LoadState {
-        self.d.load
-    }
-
-    fn finish(&mut self, d_id: &str) {
-        self.d.finish(d_id);
     }
 
     fn step_len(&self) -> Duration {

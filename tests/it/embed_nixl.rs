@@ -38,7 +38,7 @@ use nixl_sys::{
 };
 
 use crate::embed::{
-    DWorker, Deployment, EngineAgent, EngineHello, LoadState, PEvent, PWorker, RemoteKv, KV_LEN,
+    DWorker, Deployment, EngineAgent, EngineHello, PEvent, PWorker, RemoteKv, KV_LEN,
 };
 use crate::support::nixl_gate::{nixl_or_skip, say};
 use crate::support::pipes::{hex, parse_reason, reason_text, unhex};
@@ -305,6 +305,12 @@ impl NixlDeployment {
 }
 
 impl Deployment for NixlDeployment {
+    type E = NixlEngine;
+
+    fn d(&mut self) -> &mut DWorker<NixlEngine> {
+        &mut self.d
+    }
+
     fn now(&self) -> Instant {
         self.clock.now()
     }
@@ -345,24 +351,6 @@ impl Deployment for NixlDeployment {
     fn track(&mut self, d_id: &str, p_id: &str, lease: LeaseFields) {
         let now = self.clock.now();
         self.d.track(d_id, p_id, lease, now);
-    }
-
-    fn engine_note(&mut self) {
-        let now = self.clock.now();
-        self.d.send_engine_note(now);
-    }
-
-    fn load(&mut self, p_id: &str, verify: bool, attach_anyway: bool) {
-        let now = self.clock.now();
-        self.d.start_load(p_id, verify, attach_anyway, now);
-    }
-
-    fn load_state(&mut self) -> LoadState {
-        self.d.load
-    }
-
-    fn finish(&mut self, d_id: &str) {
-        self.d.finish(d_id);
     }
 
     fn step_len(&self) -> Duration {

@@ -438,6 +438,10 @@ impl<E: EngineAgent> DWorker<E> {
 /// stepped together (in one process, or each in its own with the commands
 /// crossing a pipe).
 pub trait Deployment {
+    /// D's engine.
+    type E: EngineAgent;
+    /// D's worker.
+    fn d(&mut self) -> &mut DWorker<Self::E>;
     /// The clock.
     fn now(&self) -> Instant;
     /// One step of both workers; P's events since the last call.
@@ -447,13 +451,23 @@ pub trait Deployment {
     /// D tracks `d_id` for P's `p_id`.
     fn track(&mut self, d_id: &str, p_id: &str, lease: LeaseFields);
     /// D's engine sends one of its own notifications to P.
-    fn engine_note(&mut self);
+    fn engine_note(&mut self) {
+        let now = self.now();
+        self.d().send_engine_note(now);
+    }
     /// D starts its load of `p_id` (see [`DWorker::start_load`]).
-    fn load(&mut self, p_id: &str, verify: bool, attach_anyway: bool);
+    fn load(&mut self, p_id: &str, verify: bool, attach_anyway: bool) {
+        let now = self.now();
+        self.d().start_load(p_id, verify, attach_anyway, now);
+    }
     /// D's load state.
-    fn load_state(&mut self) -> LoadState;
+    fn load_state(&mut self) -> LoadState {
+        self.d().load
+    }
     /// D finishes `d_id`.
-    fn finish(&mut self, d_id: &str);
+    fn finish(&mut self, d_id: &str) {
+        self.d().finish(d_id);
+    }
     /// How long one step takes.
     fn step_len(&self) -> Duration;
 }
