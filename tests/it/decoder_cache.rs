@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::free_released;
 use kvlease::decoder_cache::{self, DecoderCacheScheduler};
 use kvlease::{EngineShape, Instant, LeaseConfig, LeaseSlots, PrefillRank, ReleaseReason};
 
@@ -67,15 +68,7 @@ impl DSide {
                 .apply_reports(r as u32, &self.out[..m])
                 .unwrap();
         }
-        let mut tickets = Vec::new();
-        let freed = &mut self.freed;
-        self.sched.scheduler_mut().drain_released(|rel| {
-            freed.push((rel.request_id.to_owned(), rel.reason));
-            tickets.extend(rel.slot);
-        });
-        for t in tickets {
-            self.sched.scheduler_mut().blocks_freed(t);
-        }
+        free_released(self.sched.scheduler_mut(), &mut self.freed);
     }
 }
 

@@ -21,7 +21,7 @@
 //! `KVLEASE_REQUIRE_NIXL=1`.
 
 use crate::embed;
-use crate::support::child::{spawn_test_child, KillOnDrop};
+use crate::support::child::{run_as_child, spawn_test_child, KillOnDrop};
 use crate::support::exact_test_name;
 use crate::support::pipes;
 use std::io::Write;
@@ -360,8 +360,7 @@ impl Deployment for NixlDeployment {
 
 #[test]
 fn embedded_in_engine_agents_over_nixl() {
-    if std::env::var(CHILD_ENV).as_deref() == Ok("1") {
-        p_main();
+    if run_as_child(CHILD_ENV, p_main) {
         return;
     }
     let Some(_g) = nixl_or_skip() else { return };

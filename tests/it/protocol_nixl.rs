@@ -23,7 +23,7 @@
 #![allow(clippy::disallowed_types)]
 
 use crate::protocol;
-use crate::support::child::{every_line, spawn_test_child, wait_for, KillOnDrop};
+use crate::support::child::{every_line, run_as_child, spawn_test_child, wait_for, KillOnDrop};
 use crate::support::exact_test_name;
 use crate::support::pipes;
 use std::io::Write;
@@ -223,8 +223,7 @@ fn spawn_d() -> (KillOnDrop, ChildStdin) {
 
 #[test]
 fn p_reclaims_the_leases_of_a_killed_d_process() {
-    if std::env::var(CHILD_ENV).as_deref() == Ok("1") {
-        d_child();
+    if run_as_child(CHILD_ENV, d_child) {
         return;
     }
     let Some(_g) = nixl_or_skip() else { return };

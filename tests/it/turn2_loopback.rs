@@ -20,15 +20,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::free_released;
 use kvlease::clock_offset::{ClockOffset, ClockOffsetConfig};
 use kvlease::consumer::{LeaseVerifier, Verdict, VerifyTarget};
 use kvlease::decoder_cache::{self, CachedBlocks, DecoderCacheScheduler};
 use kvlease::fabric::loopback::{LoopbackConfig, LoopbackFabric, LoopbackNetwork};
 use kvlease::fabric::{AgentId, Fabric, HandshakeState, PeerInfo, ReadDesc, RegionId, XferState};
 use kvlease::turn2_read::{self, Turn2Read};
-use kvlease::{
-    EngineShape, Instant, LeaseConfig, LeaseSlots, PrefillRank, ReleaseReason, SlotTicket,
-};
+use kvlease::{EngineShape, Instant, LeaseConfig, LeaseSlots, PrefillRank, ReleaseReason};
 
 const D_AHEAD: Duration = Duration::from_secs(1000);
 const TTL: Duration = Duration::from_secs(30);
@@ -99,15 +98,7 @@ impl D {
             .scheduler_mut()
             .apply_reports(0, &self.out[..m])
             .unwrap();
-        let mut tickets: Vec<SlotTicket> = Vec::new();
-        let freed = &mut self.freed;
-        self.sched.scheduler_mut().drain_released(|rel| {
-            freed.push((rel.request_id.to_owned(), rel.reason));
-            tickets.extend(rel.slot);
-        });
-        for t in tickets {
-            self.sched.scheduler_mut().blocks_freed(t);
-        }
+        free_released(self.sched.scheduler_mut(), &mut self.freed);
     }
 }
 

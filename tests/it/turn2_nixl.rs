@@ -25,7 +25,7 @@
 //! timing bounds are the generous ones named below.
 #![allow(clippy::disallowed_types)] // test memory: leaked std atomics (see clippy.toml)
 
-use crate::support::child::{every_line, spawn_test_child, wait_for, KillOnDrop};
+use crate::support::child::{every_line, run_as_child, spawn_test_child, wait_for, KillOnDrop};
 use crate::support::exact_test_name;
 use crate::support::pipes;
 use std::io::Write;
@@ -353,8 +353,7 @@ fn start() -> P {
 
 #[test]
 fn turn2_reads_over_real_nixl_between_two_processes() {
-    if std::env::var(CHILD_ENV).as_deref() == Ok("1") {
-        d_child();
+    if run_as_child(CHILD_ENV, d_child) {
         return;
     }
     let Some(_g) = nixl_or_skip() else { return };

@@ -38,3 +38,20 @@ pub fn exact_name(module: &str, test: &str) -> String {
         None => test.to_owned(),
     }
 }
+
+/// The engine's side of P's releases: drains `sched`'s releases into
+/// `freed` (id, reason) and frees their blocks at once, so the slots go back
+/// to the pool.
+pub fn free_released(
+    sched: &mut kvlease::PrefillScheduler,
+    freed: &mut Vec<(String, kvlease::ReleaseReason)>,
+) {
+    let mut tickets = Vec::new();
+    sched.drain_released(|rel| {
+        freed.push((rel.request_id.to_owned(), rel.reason));
+        tickets.extend(rel.slot);
+    });
+    for t in tickets {
+        sched.blocks_freed(t);
+    }
+}
