@@ -21,7 +21,7 @@
 //! `KVLEASE_REQUIRE_NIXL=1`.
 
 use crate::embed;
-use crate::support::child::{run_as_child, spawn_test_child, KillOnDrop};
+use crate::support::child::{spawn_test_child, KillOnDrop};
 use crate::support::exact_test_name;
 use crate::support::pipes;
 use std::io::Write;
@@ -40,7 +40,7 @@ use nixl_sys::{
 use crate::embed::{
     DWorker, Deployment, EngineAgent, EngineHello, PEvent, PWorker, RemoteKv, KV_LEN,
 };
-use crate::support::nixl_gate::{nixl_or_skip, say};
+use crate::support::nixl_gate::{nixl_parent_or_child, say};
 use crate::support::pipes::{hex, parse_reason, reason_text, unhex};
 
 const CHILD_ENV: &str = "KVLEASE_EMBED_CHILD";
@@ -360,10 +360,9 @@ impl Deployment for NixlDeployment {
 
 #[test]
 fn embedded_in_engine_agents_over_nixl() {
-    if run_as_child(CHILD_ENV, p_main) {
+    let Some(_g) = nixl_parent_or_child(CHILD_ENV, p_main) else {
         return;
-    }
-    let Some(_g) = nixl_or_skip() else { return };
+    };
     let t0 = std::time::Instant::now();
     let mut d = NixlDeployment::start();
     embed::heartbeats_verify_and_release(&mut d);

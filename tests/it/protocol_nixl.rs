@@ -23,7 +23,7 @@
 #![allow(clippy::disallowed_types)]
 
 use crate::protocol;
-use crate::support::child::{every_line, run_as_child, spawn_test_child, wait_for, KillOnDrop};
+use crate::support::child::{every_line, spawn_test_child, wait_for, KillOnDrop};
 use crate::support::exact_test_name;
 use crate::support::pipes;
 use std::io::Write;
@@ -31,7 +31,7 @@ use std::process::ChildStdin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use crate::support::nixl_gate::{nixl_or_skip, say};
+use crate::support::nixl_gate::{nixl_or_skip, nixl_parent_or_child, say};
 use kvlease::fabric::nixl::{NixlConfig, NixlFabric};
 use kvlease::{Instant, MonotonicClock, Nonce, ReleaseReason};
 
@@ -223,10 +223,9 @@ fn spawn_d() -> (KillOnDrop, ChildStdin) {
 
 #[test]
 fn p_reclaims_the_leases_of_a_killed_d_process() {
-    if run_as_child(CHILD_ENV, d_child) {
+    let Some(_g) = nixl_parent_or_child(CHILD_ENV, d_child) else {
         return;
-    }
-    let Some(_g) = nixl_or_skip() else { return };
+    };
     let t0 = std::time::Instant::now();
     let clock = MonotonicClock::new();
     let config = protocol::lease_config();

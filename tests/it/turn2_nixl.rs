@@ -25,7 +25,7 @@
 //! timing bounds are the generous ones named below.
 #![allow(clippy::disallowed_types)] // test memory: leaked std atomics (see clippy.toml)
 
-use crate::support::child::{every_line, run_as_child, spawn_test_child, wait_for, KillOnDrop};
+use crate::support::child::{every_line, spawn_test_child, wait_for, KillOnDrop};
 use crate::support::exact_test_name;
 use crate::support::pipes;
 use std::io::Write;
@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use crate::support::nixl_gate::{nixl_or_skip, say};
+use crate::support::nixl_gate::{nixl_parent_or_child, say};
 use kvlease::clock_offset::{ClockOffset, ClockOffsetConfig, ReadGate};
 use kvlease::clock_ping::{self, ClockMessage, ClockPinger};
 use kvlease::consumer::{LeaseVerifier, Verdict, VerifyTarget};
@@ -353,10 +353,9 @@ fn start() -> P {
 
 #[test]
 fn turn2_reads_over_real_nixl_between_two_processes() {
-    if run_as_child(CHILD_ENV, d_child) {
+    let Some(_g) = nixl_parent_or_child(CHILD_ENV, d_child) else {
         return;
-    }
-    let Some(_g) = nixl_or_skip() else { return };
+    };
     let t0 = std::time::Instant::now();
     let mut p = start();
     let bound = p.est.bound(p.clock.now()).unwrap();

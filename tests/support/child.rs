@@ -86,13 +86,3 @@ pub fn wait_for(lines: &Receiver<String>, marker: &str, limit: Duration) -> Opti
         }
     }
 }
-
-/// In a child started with `env=1`, runs the child's side and returns true
-/// (the test returns at once: the child's work is done); else false.
-pub fn run_as_child(env: &str, child_main: fn()) -> bool {
-    if std::env::var(env).as_deref() == Ok("1") {
-        child_main();
-        return true;
-    }
-    false
-}
