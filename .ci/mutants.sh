@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation checks: build the library with one deliberate bug at a time
 # (`--cfg kvlease_mutant="..."`, see the cfg blocks in src/producer/) and
-# require the role model test (tests/book_model.rs) to FAIL on each. A mutant
+# require the role model test (tests/it/book_model.rs) to FAIL on each. A mutant
 # that passes means the model no longer guards that invariant.
 #
 #   zero_after_report     a rank zeroes its slot only after its report left
@@ -26,7 +26,7 @@ for m in zero_after_report reuse_before_free free_on_first_report; do
     log="target/mutants/${m}.log"
     mkdir -p target/mutants
     if RUSTFLAGS="--cfg kvlease_mutant=\"${m}\"" CARGO_TARGET_DIR=target/mutants \
-        cargo test --release --test book_model >"$log" 2>&1; then
+        cargo test --release --test it -- book_model:: >"$log" 2>&1; then
         echo "MUTANT SURVIVED: ${m} (the model test passed with the bug in; see ${log})"
         status=1
     elif grep -q "panicked at" "$log"; then

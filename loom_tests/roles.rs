@@ -8,22 +8,28 @@
 //! the report can leave. `.ci/mutants.sh` runs this model with the
 //! `zero_after_report` mutant and requires it to fail.
 //!
+//! Without `--cfg loom` the bodies run once on std threads (see
+//! `support.rs`).
+//!
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_roles`
-#![cfg(loom)]
+
+// Without loom, support.rs gives the std atomics (fine in tests: clippy.toml's
+// rule is for the library; see src/sync.rs).
+#![allow(clippy::disallowed_types)]
+
+mod support;
 
 use std::sync::Arc as StdArc;
 
 use kvlease::{EngineShape, Instant, LeaseConfig, LeaseSlots, PrefillRank, PrefillScheduler};
-use loom::sync::atomic::{AtomicU64, Ordering};
-use loom::sync::{Arc, Mutex};
-use loom::thread;
+use support::{model, thread, Arc, AtomicU64, Mutex, Ordering};
 
 const OLD: u64 = 0xaaaa;
 const NEW: u64 = 0xbbbb;
 
 #[test]
 fn verified_read_implies_the_rank_held_the_blocks() {
-    loom::model(|| {
+    model(|| {
         let mut config = LeaseConfig::new(EngineShape {
             num_kv_blocks: 1,
             max_num_seqs: 0,

@@ -2,15 +2,21 @@
 //! concurrent take/give-back (including the ABA interleaving), and a decoder
 //! reading a slot while P zeroes and re-grants it.
 //!
+//! Without `--cfg loom` the bodies run once on std threads (see
+//! `support.rs`).
+//!
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_slots`
-#![cfg(loom)]
+
+// Without loom, support.rs gives the std atomics (fine in tests: clippy.toml's
+// rule is for the library; see src/sync.rs).
+#![allow(clippy::disallowed_types)]
+
+mod support;
 
 use std::sync::Arc as StdArc;
 
 use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig, SlotPool};
-use loom::sync::atomic::{AtomicU64, Ordering};
-use loom::sync::Arc;
-use loom::thread;
+use support::{model, thread, Arc, AtomicU64, Ordering};
 
 /// Every slot comes back exactly once, whatever the interleaving.
 fn assert_pool_intact(pool: &SlotPool) {
@@ -27,7 +33,7 @@ fn assert_pool_intact(pool: &SlotPool) {
 
 #[test]
 fn concurrent_take_and_give_back() {
-    loom::model(|| {
+    model(|| {
         let pool = Arc::new(SlotPool::new(2));
         let workers: Vec<_> = (0..2)
             .map(|_| {
@@ -51,7 +57,7 @@ fn concurrent_take_and_give_back() {
 /// would be handed out twice.
 #[test]
 fn aba_cannot_hand_out_a_slot_twice() {
-    loom::model(|| {
+    model(|| {
         let pool = Arc::new(SlotPool::new(3));
         let a = {
             let pool = pool.clone();
@@ -81,7 +87,7 @@ fn aba_cannot_hand_out_a_slot_twice() {
 fn reader_sees_old_nonce_only_with_old_block() {
     const OLD: u64 = 0xaaaa;
     const NEW: u64 = 0xbbbb;
-    loom::model(|| {
+    model(|| {
         let mut config = LeaseConfig::new(EngineShape {
             num_kv_blocks: 1,
             max_num_seqs: 0,

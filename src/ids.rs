@@ -388,6 +388,7 @@ fn cell_entry(cell: u64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rng::SplitMix64;
     use std::collections::HashMap;
 
     #[test]
@@ -444,13 +445,8 @@ mod tests {
         let mut t = IdTable::with_key(cap, 8, 0);
         let mut model: HashMap<Vec<u8>, u32> = HashMap::new();
         let mut free: Vec<u32> = (0..cap).collect();
-        let mut rng = 0x1234_5678_9abc_def0u64;
-        let mut next = || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut rng = SplitMix64::new(0x1234_5678_9abc_def0u64);
+        let mut next = || rng.next_u64();
         // Miri (.ci/run's bounded step) interprets this ~1000x slower.
         let rounds = if cfg!(miri) { 500 } else { 200_000 };
         for _ in 0..rounds {

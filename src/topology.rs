@@ -37,7 +37,7 @@
 //! more consumers than will ever report on a rank (D TP 2 toward P TP 4: 2
 //! instead of 1), so the lease is never released by read-done: it expires
 //! once D stops heartbeating, within one extension. Blocks are freed late,
-//! never early. `tests/read_done_consumers.rs` checks both, over the wire.
+//! never early. `tests/it/read_done_consumers.rs` checks both, over the wire.
 //!
 //! vLLM uses integer division and silently mis-maps sizes that do not divide;
 //! here a size that is zero or does not divide the other is a

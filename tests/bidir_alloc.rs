@@ -15,6 +15,7 @@ use kvlease::clock_offset::{ClockOffset, ClockOffsetConfig, ReadGate};
 use kvlease::clock_ping::{self, ClockMessage, ClockPinger};
 use kvlease::decoder_cache::{self, DecoderCacheScheduler};
 use kvlease::fabric::ClockSample;
+use kvlease::testkit::SplitMix64;
 use kvlease::{EngineShape, Instant, LeaseConfig, LeaseSlots, PrefillRank, SlotTicket};
 
 #[path = "support/counting_alloc.rs"]
@@ -34,12 +35,10 @@ fn offset_estimator_allocates_nothing() {
     let (mut ping, mut pong) = ([0u8; clock_ping::PING_LEN], [0u8; clock_ping::PONG_LEN]);
     counting_alloc::self_check();
     let ((reads, declines), counts) = count_allocs(|| {
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut rng_gen = SplitMix64::new(0x2545_f491_4f6c_dd1du64);
         let (mut reads, mut declines) = (0u64, 0u64);
         for step in 0..STEPS {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
+            let rng = rng_gen.next_u64();
             let now = Instant::from_millis(10_000 + step * 20);
             if step % 64 == 0 {
                 let rtt = 1 + rng % 5_000_000;
@@ -112,12 +111,10 @@ fn decoder_ttl_steps_allocate_nothing() {
 
     counting_alloc::self_check();
     let ((), counts) = count_allocs(|| {
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng_gen = SplitMix64::new(0x9e37_79b9_7f4a_7c15u64);
         for step in 0..STEPS {
             let now = Instant::from_millis(step * 20);
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
+            let rng = rng_gen.next_u64();
             let i = (rng % ids.len() as u64) as usize;
             // Request i finished decoding: keep its blocks (refused while held).
             if let Ok(kept) = sched.keep(&ids[i], now) {

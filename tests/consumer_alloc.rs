@@ -12,8 +12,6 @@
 
 #[path = "support/counting_alloc.rs"]
 mod counting_alloc;
-#[path = "consumer_support/fake_fabric.rs"]
-mod fake_fabric;
 
 use counting_alloc::{count_allocs, CountingAlloc};
 
@@ -22,28 +20,16 @@ static GLOBAL: CountingAlloc = CountingAlloc;
 
 use std::time::Duration;
 
-use fake_fabric::{FakeFabric, Policy};
 use kvlease::consumer::{
     DefaultPeerAddress, HeartbeatSender, HeartbeatTracker, RemotePrefillParams, SenderConfig,
     TrackOutcome,
 };
+use kvlease::testkit::{FakeFabric, Policy, SplitMix64};
 use kvlease::{EngineShape, Instant, LeaseConfig};
 
 /// Writes `prefix` and `n` in decimal into `buf`; returns the text.
-fn id_into<'b, const N: usize>(buf: &'b mut [u8; N], prefix: &[u8], mut n: u64) -> &'b str {
-    let mut digits = [0u8; 20];
-    let mut k = digits.len();
-    loop {
-        k -= 1;
-        digits[k] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let len = prefix.len() + digits.len() - k;
-    buf[..prefix.len()].copy_from_slice(prefix);
-    buf[prefix.len()..len].copy_from_slice(&digits[k..]);
+fn id_into<'b, const N: usize>(buf: &'b mut [u8; N], prefix: &[u8], n: u64) -> &'b str {
+    let len = counting_alloc::id_into(buf, prefix, n);
     std::str::from_utf8(&buf[..len]).unwrap()
 }
 
@@ -71,25 +57,15 @@ fn steady_state_d_steps_allocate_nothing() {
         // Notifications of at most 512 bytes force splitting; the log keeps
         // the first 1,024 messages, the counters count all of them.
         let mut f = FakeFabric::new(512, 256, 1024, 1 << 18);
-        f.set_policy(
-            "p0:5600/e03/",
-            Policy {
-                fail_attempts: u32::MAX,
-                ..Policy::default()
-            },
-        );
+        f.set_policy("p0:5600/e03/", Policy::unreachable());
         f.set_policy(
             "p0:5600/e04/",
             Policy {
                 ready_after_polls: 3,
-                compact: true,
-                ..Policy::default()
+                ..Policy::compact()
             },
         );
-        f.set_default_policy(Policy {
-            compact: true,
-            ..Policy::default()
-        });
+        f.set_default_policy(Policy::compact());
         f
     };
     let mut senders: Vec<HeartbeatSender<FakeFabric, DefaultPeerAddress>> = (0..2)
@@ -99,13 +75,8 @@ fn steady_state_d_steps_allocate_nothing() {
         })
         .collect();
     let mut live: Vec<u64> = Vec::with_capacity(8192);
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = SplitMix64::new(0x9e37_79b9_7f4a_7c15u64);
+    let mut next = move || rng.next_u64();
     let mut now = Instant::from_secs(1);
     let mut next_id = 0u64;
     let mut started = 0u64;

@@ -13,10 +13,8 @@
 
 #[path = "support/counting_alloc.rs"]
 mod counting_alloc;
-#[path = "consumer_support/fake_fabric.rs"]
-mod fake_fabric;
 
-use counting_alloc::{count_allocs, CountingAlloc};
+use counting_alloc::{count_allocs, id_into, CountingAlloc};
 
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
@@ -24,7 +22,6 @@ static GLOBAL: CountingAlloc = CountingAlloc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fake_fabric::{FakeFabric, Policy};
 use kvlease::consumer::{
     DefaultPeerAddress, HeartbeatSender, HeartbeatTracker, LeaseVerifier, RemotePrefillParams,
     SenderConfig, TrackOutcome, Verdict, VerifyTarget,
@@ -34,25 +31,8 @@ use kvlease::fabric::{Fabric, FabricError, HandshakeState};
 use kvlease::ipc::outcome::{self, Outcome, OutcomeMsg};
 use kvlease::ipc::plan::HeartbeatPlan;
 use kvlease::slot_pool::SlotPool;
+use kvlease::testkit::{FakeFabric, Policy, SplitMix64};
 use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig, LeaseFields, LeaseSlots, NonceSource};
-
-/// Writes `prefix` and `n` in decimal into `buf`; returns the length.
-fn id_into(buf: &mut [u8; 32], prefix: &[u8], mut n: u64) -> usize {
-    let mut digits = [0u8; 20];
-    let mut k = digits.len();
-    loop {
-        k -= 1;
-        digits[k] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let len = prefix.len() + digits.len() - k;
-    buf[..prefix.len()].copy_from_slice(prefix);
-    buf[prefix.len()..len].copy_from_slice(&digits[k..]);
-    len
-}
 
 fn text(buf: &[u8; 32], len: usize) -> &str {
     std::str::from_utf8(&buf[..len]).unwrap()
@@ -94,19 +74,12 @@ fn the_d_split_allocates_nothing_per_step() {
     tracker.set_workers(2);
     let make_fabric = || {
         let mut f = FakeFabric::new(512, 256, 256, 1 << 16);
-        f.set_policy(
-            "p0:5600/e3/",
-            Policy {
-                fail_attempts: u32::MAX,
-                ..Policy::default()
-            },
-        );
+        f.set_policy("p0:5600/e3/", Policy::unreachable());
         f.set_policy(
             "p0:5600/e4/",
             Policy {
                 ready_after_polls: 4,
-                compact: true,
-                ..Policy::default()
+                ..Policy::compact()
             },
         );
         f.set_policy(
@@ -116,10 +89,7 @@ fn the_d_split_allocates_nothing_per_step() {
                 ..Policy::default()
             },
         );
-        f.set_default_policy(Policy {
-            compact: true,
-            ..Policy::default()
-        });
+        f.set_default_policy(Policy::compact());
         f
     };
     let mut workers: Vec<HeartbeatSender<FakeFabric, DefaultPeerAddress>> = (0..2)
@@ -139,13 +109,8 @@ fn the_d_split_allocates_nothing_per_step() {
         n: 0,
     });
     let mut live: Vec<u64> = Vec::with_capacity(4096);
-    let mut rng = 0x0dd_ba11_cafe_f00du64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = SplitMix64::new(0x0dd_ba11_cafe_f00du64);
+    let mut next = move || rng.next_u64();
     let mut now = Instant::from_secs(1);
     let mut next_id = 0u64;
     let (mut d_buf, mut p_buf) = ([0u8; 32], [0u8; 32]);
@@ -314,7 +279,7 @@ fn verifier_steps_over_loopback_allocate_nothing() {
     }
     let mut verifier = LeaseVerifier::new(&mut d, 64, 4).unwrap();
     let mut got = [0u64; 5];
-    let mut rng = 0x5eed_u64;
+    let mut rng_gen = SplitMix64::new(0x5eed_u64);
 
     // ---- steady state ----
     let ((), counts) = count_allocs(|| {
@@ -322,9 +287,7 @@ fn verifier_steps_over_loopback_allocate_nothing() {
             now = now + Duration::from_millis(10);
             net.advance_to(now);
             for k in 0..4u64 {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
+                let rng = rng_gen.next_u64();
                 let good = held[(rng % 3000) as usize];
                 let lease = match (step + k) % 5 {
                     0 => None,

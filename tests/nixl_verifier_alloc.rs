@@ -27,6 +27,7 @@ use counting_alloc::{count_allocs, CountingAlloc};
 use kvlease::consumer::{LeaseVerifier, Verdict, VerifyTarget};
 use kvlease::fabric::nixl::{NixlConfig, NixlFabric};
 use kvlease::fabric::{Fabric, HandshakeState};
+use kvlease::testkit::SplitMix64;
 use kvlease::{
     EngineShape, LeaseBook, LeaseConfig, LeaseFields, LeaseSlots, MonotonicClock, NonceSource,
     SlotPool,
@@ -98,12 +99,10 @@ fn verifier_slot_reads_allocate_nothing_after_warm_up() {
     let target = VerifyTarget::from_peer(agent, &info).expect("P exports slots");
     let mut v = LeaseVerifier::new(&mut d, 16, 4).expect("verifier");
 
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut rng_gen = SplitMix64::new(0x2545_f491_4f6c_dd1du64);
     let mut verdicts = [0u32; 2];
     let mut step = |v: &mut LeaseVerifier, p: &mut NixlFabric, d: &mut NixlFabric| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
+        let rng = rng_gen.next_u64();
         for k in 0..1 + rng % 3 {
             let lease = leases[((rng >> (8 * k + 8)) % u64::from(LIVE)) as usize];
             v.submit(u64::from(lease.slot), Some(lease), &[target])

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvlease::testkit::{p_side_config, SplitMix64};
 use kvlease::{
     EngineShape, Instant, LeaseConfig, LeaseSlots, PrefillRank, PrefillScheduler, SlotTicket,
 };
@@ -29,12 +30,7 @@ const IDS: usize = 1024;
 #[test]
 fn split_p_roles_allocate_nothing_after_construction() {
     // --- construction: allowed to allocate ---
-    let mut config = LeaseConfig::new(EngineShape {
-        num_kv_blocks: 384,
-        max_num_seqs: 0,
-    });
-    config.lease_capacity = 512;
-    config.validate().unwrap();
+    let config = p_side_config(384, 512);
     let mut sched = PrefillScheduler::new(&config, 2, Instant::ZERO).unwrap();
     let mut ranks: Vec<PrefillRank> = (0..2)
         .map(|r| {
@@ -67,12 +63,10 @@ fn split_p_roles_allocate_nothing_after_construction() {
     counting_alloc::self_check();
     let ((), counts) = count_allocs(|| {
         let mut now = Instant::ZERO;
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut rng_gen = SplitMix64::new(0x2545_f491_4f6c_dd1du64);
         for step in 0..STEPS {
             now = now + Duration::from_millis(40);
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
+            let rng = rng_gen.next_u64();
             let k = (rng % IDS as u64) as usize;
             let id = ids[k].as_str();
             // Scheduler side of the step.

@@ -8,7 +8,8 @@
 
 use std::time::Duration;
 
-use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig, SlotTicket};
+use kvlease::testkit::{p_side_config, SplitMix64};
+use kvlease::{Instant, LeaseBook, SlotTicket};
 
 #[path = "support/counting_alloc.rs"]
 mod counting_alloc;
@@ -24,12 +25,7 @@ const LIVE: usize = 512;
 #[test]
 fn p_side_steps_allocate_nothing_after_construction() {
     // --- construction: allowed to allocate ---
-    let mut config = LeaseConfig::new(EngineShape {
-        num_kv_blocks: 384,
-        max_num_seqs: 0,
-    });
-    config.lease_capacity = 1024;
-    config.validate().unwrap();
+    let config = p_side_config(384, 1024);
     let mut book = LeaseBook::new(&config, Instant::ZERO);
     let ids: Vec<String> = (0..LIVE * 2).map(|i| format!("cmpl-{i:032x}-0")).collect();
     let mut nonces = vec![None; ids.len()];
@@ -51,13 +47,11 @@ fn p_side_steps_allocate_nothing_after_construction() {
     counting_alloc::self_check();
     let ((), counts) = count_allocs(|| {
         let mut now = Instant::ZERO;
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut rng_gen = SplitMix64::new(0x2545_f491_4f6c_dd1du64);
         for step in 0..STEPS {
             now = now + Duration::from_millis(20);
             // A pseudo-random walk over the ids, so every operation meets held and free ids.
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
+            let rng = rng_gen.next_u64();
             let k = (rng % ids.len() as u64) as usize;
             let id = &ids[k];
             match step % 8 {

@@ -1,6 +1,8 @@
-//! Test support (feature `testkit`): the P roles checked step by step
+//! Test support (feature `testkit`): the fake fabric every D-side and
+//! verifier test uses ([`FakeFabric`], `fake_fabric.rs`), the one seeded
+//! generator ([`SplitMix64`]), and the P roles checked step by step
 //! against a reference model. Shared by the randomized test
-//! (`tests/book_model.rs`) and the fuzz target (`fuzz/`, `lease_book`), so
+//! (`tests/it/book_model.rs`) and the fuzz target (`fuzz/`, `lease_book`), so
 //! both check the same invariants. Not part of the supported API.
 //!
 //! The harness runs one [`PrefillScheduler`] and one to three
@@ -51,6 +53,11 @@ use crate::time::Instant;
 /// The crate's one seeded test generator (see `src/rng.rs`), for
 /// integration tests, benches and fuzz harnesses.
 pub use crate::rng::SplitMix64;
+
+mod fake_fabric;
+mod inputs;
+pub use fake_fabric::{Agent, FakeFabric, Policy, PostedRead, Sent};
+pub use inputs::{d_side_config, p_side_config, remote_prefill, six_second_leases};
 
 /// Distinct request ids the operations draw from; the last one is too long.
 const IDS: usize = 12;

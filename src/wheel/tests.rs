@@ -1,4 +1,5 @@
 use super::*;
+use crate::rng::SplitMix64;
 use std::collections::BTreeMap;
 
 const MS: u64 = 1_000_000;
@@ -203,13 +204,8 @@ fn run_model(seed: u64, ops: usize, horizon_s: u64) {
         Instant::ZERO,
     );
     let mut model: BTreeMap<u32, u64> = BTreeMap::new(); // entry -> deadline ns
-    let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut rand = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = SplitMix64::new(seed);
+    let mut rand = move || rng.next_u64();
     let mut now = 0u64;
     for _ in 0..ops {
         let r = rand();

@@ -101,3 +101,22 @@ pub fn self_check() {
         "the counting allocator does not count"
     );
 }
+
+/// Writes `prefix` and `n` in decimal into `buf` without allocating (the
+/// ids of a counted stretch cannot be `format!`ted); returns the length.
+pub fn id_into(buf: &mut [u8], prefix: &[u8], mut n: u64) -> usize {
+    let mut digits = [0u8; 20];
+    let mut k = digits.len();
+    loop {
+        k -= 1;
+        digits[k] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let len = prefix.len() + digits.len() - k;
+    buf[..prefix.len()].copy_from_slice(prefix);
+    buf[prefix.len()..len].copy_from_slice(&digits[k..]);
+    len
+}

@@ -32,3 +32,14 @@ pub fn nixl_or_skip() -> Option<MutexGuard<'static, ()>> {
     say("SKIPPED: NIXL runtime not found (run .ci/nixl-runtime.sh)");
     None
 }
+
+/// For a test that re-executes itself (see `child.rs`): in the child (its
+/// environment has `env=1`) runs the child's side and yields `None`, so the
+/// test returns; in the parent, [`nixl_or_skip`].
+pub fn nixl_parent_or_child(env: &str, child_main: fn()) -> Option<MutexGuard<'static, ()>> {
+    if std::env::var(env).as_deref() == Ok("1") {
+        child_main();
+        return None;
+    }
+    nixl_or_skip()
+}

@@ -1,16 +1,9 @@
 use super::*;
-use crate::config::EngineShape;
+use crate::rng::SplitMix64;
+use crate::testkit::{d_side_config, remote_prefill};
 
 fn config(requests: u32, engines: u32) -> LeaseConfig {
-    let mut c = LeaseConfig::new(EngineShape {
-        num_kv_blocks: 64,
-        max_num_seqs: 8,
-    });
-    c.max_tracked_requests = requests;
-    c.max_remote_engines = engines;
-    c.max_request_id_len = 32;
-    c.validate().unwrap();
-    c
+    d_side_config(64, 8, requests, engines, 32)
 }
 
 #[test]
@@ -34,24 +27,14 @@ fn chunks_stay_packed_under_churn() {
     let cfg = config(100, 3);
     let mut t = HeartbeatTracker::new(&cfg);
     let mut live: Vec<String> = Vec::new();
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng_gen = SplitMix64::new(0x9e37_79b9_7f4a_7c15u64);
     for i in 0..20_000u32 {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
+        let rng = rng_gen.next_u64();
         if rng % 3 != 0 && live.len() < 100 {
             let d = format!("d{i}");
             let p = format!("p{i}");
             let eng = format!("e{}", rng % 3);
-            let params = RemotePrefillParams {
-                do_remote_prefill: true,
-                remote_engine_id: Some(&eng),
-                remote_request_id: Some(&p),
-                remote_host: Some("h"),
-                remote_port: Some(1),
-                tp_size: Some(1),
-                ..Default::default()
-            };
+            let params = remote_prefill(&eng, &p, "h", 1, 1);
             t.on_new_request(&d, &params, Instant::ZERO).unwrap();
             live.push(d);
         } else if !live.is_empty() {

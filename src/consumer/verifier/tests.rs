@@ -1,118 +1,6 @@
 use super::*;
-use crate::fabric::HandshakeState;
-
-/// A fabric whose remote agents are slot arrays in this process. READs
-/// complete when the test says so, copying the remote words at that
-/// moment (so a slot changed while a READ is "in flight" is observed).
-struct FakeFabric {
-    remotes: Vec<Arc<LeaseSlots>>,
-    /// Registered local regions, by RegionId (0 is a placeholder).
-    regions: Vec<(*mut u8, usize)>,
-    reads: Vec<(AgentId, Vec<ReadDesc>, bool)>,
-    complete: bool,
-    fail_next: Option<FabricError>,
-}
-
-impl FakeFabric {
-    fn new(agents: usize, slots: u32) -> FakeFabric {
-        FakeFabric {
-            remotes: (0..agents)
-                .map(|_| Arc::new(LeaseSlots::new(slots)))
-                .collect(),
-            regions: vec![(std::ptr::null_mut(), 0)],
-            reads: Vec::new(),
-            complete: true,
-            fail_next: None,
-        }
-    }
-}
-
-impl Fabric for FakeFabric {
-    fn name(&self) -> &str {
-        "fake"
-    }
-    fn register_slots(&mut self, _: Arc<LeaseSlots>, _: bool) -> Result<RegionId, FabricError> {
-        Ok(RegionId(0))
-    }
-    unsafe fn register_memory(
-        &mut self,
-        ptr: *mut u8,
-        len: usize,
-    ) -> Result<RegionId, FabricError> {
-        self.regions.push((ptr, len));
-        Ok(RegionId(self.regions.len() as u32 - 1))
-    }
-    fn max_notification_len(&self) -> usize {
-        4096
-    }
-    fn start_handshake(&mut self, _: &str, _: Instant) -> Result<AgentId, FabricError> {
-        Ok(AgentId(0))
-    }
-    fn handshake_state(&mut self, _: AgentId, _: Instant) -> HandshakeState {
-        HandshakeState::Ready(PeerInfo {
-            slot_region: Some(RegionId(0)),
-            slot_count: 0,
-            compact_heartbeats: false,
-            clock: None,
-        })
-    }
-    fn send_notification(&mut self, _: AgentId, _: &[u8]) -> Result<(), FabricError> {
-        Ok(())
-    }
-    fn drain_notifications(
-        &mut self,
-        _: &mut dyn FnMut(&str, &[u8]),
-    ) -> Result<usize, FabricError> {
-        Ok(0)
-    }
-    fn post_read(
-        &mut self,
-        from: AgentId,
-        descs: &[ReadDesc],
-        _: Option<&[u8]>,
-        _: Instant,
-    ) -> Result<XferId, FabricError> {
-        if let Some(e) = self.fail_next.take() {
-            return Err(e);
-        }
-        // Like the real fabrics: one descriptor outside the remote
-        // region refuses the whole READ.
-        let slots = self.remotes.get(from.0 as usize).map_or(0, |r| r.len());
-        if descs
-            .iter()
-            .any(|d| d.remote_offset + d.len > u64::from(slots) * SLOT_BYTES as u64)
-        {
-            return Err(FabricError::OutOfBounds);
-        }
-        self.reads.push((from, descs.to_vec(), false));
-        Ok(XferId(self.reads.len() as u64 - 1))
-    }
-    fn read_state(&mut self, xfer: XferId, _: Instant) -> XferState {
-        if !self.complete {
-            return XferState::InProgress;
-        }
-        let Some((agent, descs, finished)) = self.reads.get_mut(xfer.0 as usize) else {
-            return XferState::Failed(FabricError::UnknownXfer);
-        };
-        if !*finished {
-            *finished = true;
-            for d in descs.iter() {
-                for w in 0..d.len / 8 {
-                    let slot = (d.remote_offset / 8 + w) as u32;
-                    let word = self.remotes[agent.0 as usize].load(slot).unwrap_or(0);
-                    let at = (d.local_offset + 8 * w) as usize;
-                    let (ptr, len) = self.regions[d.local.0 as usize];
-                    assert!(at + 8 <= len);
-                    // SAFETY: inside the registered region (checked above); the
-                    // verifier does not read it until we report Done.
-                    unsafe { ptr.add(at).cast::<u64>().write_unaligned(word.to_le()) };
-                }
-            }
-        }
-        XferState::Done
-    }
-    fn cancel_read(&mut self, _: XferId) {}
-}
+use crate::rng::SplitMix64;
+use crate::testkit::FakeFabric;
 
 /// Agent `agent` of `f`, with the slot count it exports.
 fn target(f: &FakeFabric, agent: u32) -> VerifyTarget {
@@ -136,7 +24,7 @@ fn run(v: &mut LeaseVerifier, f: &mut FakeFabric) -> Vec<(u64, Verdict)> {
 
 #[test]
 fn matching_nonce_verifies_and_changed_slot_lapses() {
-    let mut f = FakeFabric::new(1, 8);
+    let mut f = FakeFabric::with_remotes(1, 8);
     f.remotes[0].publish(3, 77);
     f.remotes[0].publish(4, 88);
     let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
@@ -166,7 +54,7 @@ fn matching_nonce_verifies_and_changed_slot_lapses() {
 
 #[test]
 fn every_rank_must_hold_the_nonce() {
-    let mut f = FakeFabric::new(3, 4);
+    let mut f = FakeFabric::with_remotes(3, 4);
     for r in 0..3 {
         f.remotes[r].publish(1, 5);
     }
@@ -185,7 +73,7 @@ fn every_rank_must_hold_the_nonce() {
 
 #[test]
 fn missing_fields_and_failed_reads_fail_closed() {
-    let mut f = FakeFabric::new(1, 4);
+    let mut f = FakeFabric::with_remotes(1, 4);
     f.remotes[0].publish(0, 5);
     let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
     v.submit(1, None, &[]).unwrap();
@@ -213,7 +101,7 @@ fn missing_fields_and_failed_reads_fail_closed() {
 #[test]
 fn a_slot_beyond_the_peer_fails_only_its_own_check() {
     for (bad_slot, coalesced) in [(100u32, 1u64), (5000, 1)] {
-        let mut f = FakeFabric::new(1, 64);
+        let mut f = FakeFabric::with_remotes(1, 64);
         f.remotes[0].publish(3, 77);
         f.remotes[0].publish(9, 99);
         let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
@@ -234,7 +122,7 @@ fn a_slot_beyond_the_peer_fails_only_its_own_check() {
     }
     // The per-slot path proper: the good slots themselves lie further
     // apart than a window, so each is its own descriptor.
-    let mut f = FakeFabric::new(1, 4096);
+    let mut f = FakeFabric::with_remotes(1, 4096);
     f.remotes[0].publish(0, 10);
     f.remotes[0].publish(4000, 40);
     let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
@@ -262,7 +150,7 @@ fn a_slot_beyond_the_peer_fails_only_its_own_check() {
 /// and nothing is read for it on the other ranks either.
 #[test]
 fn a_slot_one_rank_lacks_fails_the_check_without_reads() {
-    let mut f = FakeFabric::new(2, 64);
+    let mut f = FakeFabric::with_remotes(2, 64);
     f.remotes[0].publish(3, 7);
     f.remotes[1].publish(3, 7);
     let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
@@ -304,77 +192,13 @@ fn from_peer_takes_the_advertised_region_and_count() {
 /// verifier is gone, so the buffers die with the fabric.
 #[test]
 fn landing_buffers_are_shared_with_the_fabric_not_leaked() {
-    struct Keeping {
-        inner: FakeFabric,
-        kept: Vec<Arc<LandingWords>>,
-    }
-    impl Fabric for Keeping {
-        fn name(&self) -> &str {
-            "keeping"
-        }
-        fn register_slots(&mut self, s: Arc<LeaseSlots>, c: bool) -> Result<RegionId, FabricError> {
-            self.inner.register_slots(s, c)
-        }
-        unsafe fn register_memory(
-            &mut self,
-            ptr: *mut u8,
-            len: usize,
-        ) -> Result<RegionId, FabricError> {
-            // SAFETY: passed on under the caller's contract.
-            unsafe { self.inner.register_memory(ptr, len) }
-        }
-        fn register_landing(&mut self, words: Arc<LandingWords>) -> Result<RegionId, FabricError> {
-            // SAFETY: `kept` holds the words until this fabric is dropped.
-            let id = unsafe {
-                self.inner
-                    .register_memory(words.as_ptr().cast_mut(), words.byte_len())?
-            };
-            self.kept.push(words);
-            Ok(id)
-        }
-        fn max_notification_len(&self) -> usize {
-            self.inner.max_notification_len()
-        }
-        fn start_handshake(&mut self, a: &str, now: Instant) -> Result<AgentId, FabricError> {
-            self.inner.start_handshake(a, now)
-        }
-        fn handshake_state(&mut self, a: AgentId, now: Instant) -> HandshakeState {
-            self.inner.handshake_state(a, now)
-        }
-        fn send_notification(&mut self, a: AgentId, m: &[u8]) -> Result<(), FabricError> {
-            self.inner.send_notification(a, m)
-        }
-        fn drain_notifications(
-            &mut self,
-            s: &mut dyn FnMut(&str, &[u8]),
-        ) -> Result<usize, FabricError> {
-            self.inner.drain_notifications(s)
-        }
-        fn post_read(
-            &mut self,
-            from: AgentId,
-            d: &[ReadDesc],
-            n: Option<&[u8]>,
-            now: Instant,
-        ) -> Result<XferId, FabricError> {
-            self.inner.post_read(from, d, n, now)
-        }
-        fn read_state(&mut self, x: XferId, now: Instant) -> XferState {
-            self.inner.read_state(x, now)
-        }
-        fn cancel_read(&mut self, x: XferId) {
-            self.inner.cancel_read(x)
-        }
-    }
-    let mut f = Keeping {
-        inner: FakeFabric::new(1, 8),
-        kept: Vec::new(),
-    };
-    f.inner.remotes[0].publish(2, 9);
+    // The shared fake keeps its share of every landing buffer it registers.
+    let mut f = FakeFabric::with_remotes(1, 8);
+    f.remotes[0].publish(2, 9);
     let mut v = LeaseVerifier::new(&mut f, 4, 2).unwrap();
     assert_eq!(f.kept.len(), 2, "landing cells and span windows");
     assert!(f.kept.iter().all(|w| Arc::strong_count(w) == 2));
-    let t = target(&f.inner, 0);
+    let t = target(&f, 0);
     v.submit(1, lf(2, 9), &[t]).unwrap();
     let mut got = Vec::new();
     v.step(&mut f, Instant::ZERO, |t, verdict| got.push((t, verdict)));
@@ -388,7 +212,7 @@ fn landing_buffers_are_shared_with_the_fabric_not_leaked() {
 
 #[test]
 fn packed_slots_are_read_as_their_aligned_window_and_scattered_ones_per_slot() {
-    let mut f = FakeFabric::new(1, 6000);
+    let mut f = FakeFabric::with_remotes(1, 6000);
     for (slot, nonce) in [(0, 10), (7, 17), (5000, 50)] {
         f.remotes[0].publish(slot, nonce);
     }
@@ -439,24 +263,22 @@ fn packed_slots_are_read_as_their_aligned_window_and_scattered_ones_per_slot() {
 /// prepared requests (NIXL) re-posts one instead of creating one per batch.
 #[test]
 fn window_reads_repeat_the_same_descriptor_whatever_the_slots() {
-    let mut f = FakeFabric::new(2, 300);
+    let mut f = FakeFabric::with_remotes(2, 300);
     for s in 0..300 {
         f.remotes[0].publish(s, u64::from(s) + 1);
         f.remotes[1].publish(s, u64::from(s) + 1);
     }
     let mut v = LeaseVerifier::new(&mut f, 8, 2).unwrap();
-    let mut rng = 7u64;
+    let mut rng = SplitMix64::new(7);
     // Under miri each 8 KiB window read is interpreted byte by byte: 8
     // rounds (both agents are hit from round 1) keep the CI step short.
     let rounds: u64 = if cfg!(miri) { 8 } else { 50 };
     for round in 0..rounds {
         // 1 to 3 random live slots per step, on either agent.
         for _ in 0..1 + round % 3 {
-            rng = rng
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let slot = ((rng >> 33) % 300) as u32;
-            let agent = ((rng >> 20) & 1) as u32;
+            let r = rng.next_u64();
+            let slot = ((r >> 33) % 300) as u32;
+            let agent = ((r >> 20) & 1) as u32;
             v.submit(round, lf(slot, u64::from(slot) + 1), &[target(&f, agent)])
                 .unwrap();
         }
@@ -481,7 +303,7 @@ fn window_reads_repeat_the_same_descriptor_whatever_the_slots() {
 
 #[test]
 fn refusals_are_typed() {
-    let mut f = FakeFabric::new(3, 4);
+    let mut f = FakeFabric::with_remotes(3, 4);
     let mut v = LeaseVerifier::new(&mut f, 2, 2).unwrap();
     assert_eq!(v.submit(1, lf(0, 1), &[]), Err(VerifyError::BadTargets));
     assert_eq!(

@@ -1,5 +1,5 @@
 //! Unit tests of the loopback fabric that need crate internals (writing lease
-//! words). The public-API tests are in `tests/loopback_fabric.rs`.
+//! words). The public-API tests are in `tests/it/loopback_fabric.rs`.
 
 use super::*;
 

@@ -77,7 +77,7 @@
 //!
 //! `measure_progress_modes` and
 //! `killed_peer_process_fails_reads_with_a_typed_error` in
-//! `tests/nixl_fabric.rs` measure, through this module's API, a notification
+//! `tests/it/nixl_fabric.rs` measure, through this module's API, a notification
 //! round trip (`send_notification` → peer drains → peer sends → we drain) and
 //! a 512-byte READ of a 64-slot lease array (a re-posted, cached request), in
 //! each progress mode, in one process and in two; the README's "Fabrics"
@@ -103,7 +103,7 @@
 //! Both hold for any engine that drains every step, which this module
 //! already requires; a test that drives only one side (the READ's initiator,
 //! the notification's receiver) hangs on TCP while it passes on shared
-//! memory. `tests/two_hosts.rs` runs the whole deployment in two network
+//! memory. `tests/it/two_hosts.rs` runs the whole deployment in two network
 //! namespaces over `UCX_TLS=tcp`; the README's "Across hosts" gives the
 //! settings and the figures (`measure_progress_modes` with `UCX_TLS=tcp`
 //! measures the fabric itself over TCP).

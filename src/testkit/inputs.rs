@@ -1,0 +1,76 @@
+//! The inputs the tests build over and over, unit and integration tests
+//! alike: validated configs sized for a test (P side, D side, and the
+//! 6-second leases of the real-time suites), and the `kv_transfer_params` of
+//! a remote prefill. Plain constructors: nothing here keeps state or
+//! touches a fabric.
+
+use std::time::Duration;
+
+use crate::config::{EngineShape, LeaseConfig};
+use crate::consumer::RemotePrefillParams;
+
+/// A validated P-side config: `num_kv_blocks` blocks (and as many slots),
+/// no sequence limit, room for `lease_capacity` leases.
+pub fn p_side_config(num_kv_blocks: u32, lease_capacity: u32) -> LeaseConfig {
+    let mut c = LeaseConfig::new(EngineShape {
+        num_kv_blocks,
+        max_num_seqs: 0,
+    });
+    c.lease_capacity = lease_capacity;
+    c.validate().expect("a valid test config");
+    c
+}
+
+/// The shortest lease the config accepts, 6 s (heartbeat interval 1 s,
+/// extension 4 s), so that real-time runs stay short; an engine of
+/// `num_kv_blocks` blocks and `max_num_seqs` sequences.
+pub fn six_second_leases(num_kv_blocks: u32, max_num_seqs: u32) -> LeaseConfig {
+    let mut c = LeaseConfig::new(EngineShape {
+        num_kv_blocks,
+        max_num_seqs,
+    });
+    c.lease_duration = Duration::from_secs(6);
+    c.validate().expect("6 s leases are valid");
+    c
+}
+
+/// A validated config of an engine with `num_kv_blocks` blocks and
+/// `max_num_seqs` sequences, tracking up to `requests` requests on
+/// `engines` remote engines, with ids of up to `max_id_len` bytes.
+pub fn d_side_config(
+    num_kv_blocks: u32,
+    max_num_seqs: u32,
+    requests: u32,
+    engines: u32,
+    max_id_len: u16,
+) -> LeaseConfig {
+    let mut c = LeaseConfig::new(EngineShape {
+        num_kv_blocks,
+        max_num_seqs,
+    });
+    c.max_tracked_requests = requests;
+    c.max_remote_engines = engines;
+    c.max_request_id_len = max_id_len;
+    c.validate().expect("a valid test config");
+    c
+}
+
+/// vLLM's `kv_transfer_params` for a request prefilled remotely as `p_id`
+/// on `engine` at `host:port`, whose P runs tensor parallel `p_tp`.
+pub fn remote_prefill<'a>(
+    engine: &'a str,
+    p_id: &'a str,
+    host: &'a str,
+    port: u16,
+    p_tp: u32,
+) -> RemotePrefillParams<'a> {
+    RemotePrefillParams {
+        do_remote_prefill: true,
+        remote_engine_id: Some(engine),
+        remote_request_id: Some(p_id),
+        remote_host: Some(host),
+        remote_port: Some(port),
+        tp_size: Some(p_tp),
+        ..Default::default()
+    }
+}
