@@ -206,8 +206,10 @@ fn bench_read_done(c: &mut Criterion) {
     let ids: Vec<String> = (0..ENTRIES).map(|i| format!("cmpl-{i:032x}-0")).collect();
     let consumers = |i: usize| [1u32, 2, 4, 8, 16, 1, 3, 12][i % 8];
     let nonce = |i: usize| Nonce::new(0x9e37_79b9_0000_0001 ^ i as u64).expect("odd");
-    let mut g = c.benchmark_group("wire/read_done_encode_256");
-    configure(&mut g);
+    let bytes = (0..ENTRIES)
+        .map(|i| wire::read_done_len(&ids[i], consumers(i), Some(nonce(i))))
+        .sum();
+    let mut g = group(c, "wire/read_done_encode_256", bytes);
     let mut out = vec![0u8; 256];
     g.bench_function("kvlease", |b| {
         b.iter(|| {
