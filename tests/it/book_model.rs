@@ -13,22 +13,36 @@ fn program(seed: u64, len: usize) -> Vec<u8> {
     (0..len).map(|_| (rng.next_u64() >> 24) as u8).collect()
 }
 
-fn run(seed: u64) -> RolesHarness {
-    let bytes = program(seed, 20_000);
+/// About 10,000 operations (an operation draws about six bytes).
+const PROGRAM_BYTES: usize = 60_000;
+
+/// Runs the program of `seed` and returns the harness and how many
+/// operations the program had.
+fn run_counted(seed: u64) -> (RolesHarness, u64) {
+    let bytes = program(seed, PROGRAM_BYTES);
     let mut h = RolesHarness::new(bytes[0]);
+    let mut decoded = 0;
     for op in RolesOp::decode(&bytes[1..]) {
         h.apply(op);
+        decoded += 1;
     }
-    h
+    (h, decoded)
+}
+
+fn run(seed: u64) -> RolesHarness {
+    run_counted(seed).0
 }
 
 #[test]
 fn roles_match_model_over_random_programs() {
-    let mut total = 0;
+    let (mut applied, mut decoded) = (0, 0);
     for seed in 0..64u64 {
-        total += run(seed).ops;
+        let (h, n) = run_counted(seed);
+        applied += h.ops;
+        decoded += n;
     }
-    assert_eq!(total, 64 * 9_999, "every decoded op was applied");
+    assert_eq!(applied, decoded, "every decoded op was applied");
+    assert!(decoded > 64 * 5_000, "programs too short: {decoded} ops");
 }
 
 #[test]
