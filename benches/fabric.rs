@@ -161,15 +161,7 @@ fn loopback_pair() -> LoopbackPair {
 /// The 64-slot READ both ways: one 8-byte descriptor per slot, and one
 /// 512-byte descriptor. Any fabric.
 fn slot_descs(landing_region: RegionId, slot_region: RegionId) -> (Vec<ReadDesc>, [ReadDesc; 1]) {
-    let words = (0..64u32)
-        .map(|s| ReadDesc {
-            local: landing_region,
-            local_offset: 8 * u64::from(s),
-            remote: slot_region,
-            remote_offset: LeaseSlots::offset_of(s),
-            len: 8,
-        })
-        .collect();
+    let words = kvlease::testkit::slot_word_descs(landing_region, 0, slot_region, 64);
     let block = [ReadDesc {
         local: landing_region,
         local_offset: 0,

@@ -73,15 +73,7 @@ fn steady_state_send_drain_read_allocates_nothing() {
             reorder_max_hold: Duration::from_micros(50),
         },
     );
-    let word_descs: Vec<ReadDesc> = (0..64u32)
-        .map(|s| ReadDesc {
-            local: landing_region,
-            local_offset: 8 * u64::from(s),
-            remote: slot_region,
-            remote_offset: LeaseSlots::offset_of(s),
-            len: 8,
-        })
-        .collect();
+    let word_descs = kvlease::testkit::slot_word_descs(landing_region, 0, slot_region, 64);
     let block_desc = [ReadDesc {
         local: landing_region,
         local_offset: 512,

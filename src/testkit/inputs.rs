@@ -1,13 +1,16 @@
 //! The inputs the tests build over and over, unit and integration tests
 //! alike: validated configs sized for a test (P side, D side, and the
 //! 6-second leases of the real-time suites), and the `kv_transfer_params` of
-//! a remote prefill. Plain constructors: nothing here keeps state or
+//! a remote prefill, the READ descriptors of a lease-slot window. Plain
+//! constructors: nothing here keeps state or
 //! touches a fabric.
 
 use std::time::Duration;
 
 use crate::config::{EngineShape, LeaseConfig};
 use crate::consumer::RemotePrefillParams;
+use crate::fabric::{ReadDesc, RegionId};
+use crate::slots::LeaseSlots;
 
 /// A validated P-side config: `num_kv_blocks` blocks (and as many slots),
 /// no sequence limit, room for `lease_capacity` leases.
@@ -73,4 +76,25 @@ pub fn remote_prefill<'a>(
         tp_size: Some(p_tp),
         ..Default::default()
     }
+}
+
+/// READ descriptors for slots `0..count` of a registered slot array: one
+/// 8-byte descriptor per slot word, landing back to back from
+/// `landing_offset` in the landing region (the verifier's worst case, when
+/// the waiting slots are scattered).
+pub fn slot_word_descs(
+    landing: RegionId,
+    landing_offset: u64,
+    slots: RegionId,
+    count: u32,
+) -> Vec<ReadDesc> {
+    (0..count)
+        .map(|s| ReadDesc {
+            local: landing,
+            local_offset: landing_offset + 8 * u64::from(s),
+            remote: slots,
+            remote_offset: LeaseSlots::offset_of(s),
+            len: 8,
+        })
+        .collect()
 }

@@ -57,7 +57,9 @@ pub use crate::rng::SplitMix64;
 mod fake_fabric;
 mod inputs;
 pub use fake_fabric::{Agent, FakeFabric, Policy, PostedRead, Sent};
-pub use inputs::{d_side_config, p_side_config, remote_prefill, six_second_leases};
+pub use inputs::{
+    d_side_config, p_side_config, remote_prefill, six_second_leases, slot_word_descs,
+};
 
 /// Distinct request ids the operations draw from; the last one is too long.
 const IDS: usize = 12;
