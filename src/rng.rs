@@ -34,24 +34,6 @@ impl SplitMix64 {
         self.next_u64() % n.max(1)
     }
 
-    /// The next 32 random bits (the high half, SplitMix64's better one).
-    #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
-    pub fn next_u32(&mut self) -> u32 {
-        (self.next_u64() >> 32) as u32
-    }
-
-    /// A uniform draw in `[0, 1)` with 53 bits of precision.
-    #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
-    pub fn unit_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// True with probability `p` (clamped to `[0, 1]`).
-    #[cfg_attr(not(any(test, feature = "testkit")), allow(dead_code))]
-    pub fn chance(&mut self, p: f64) -> bool {
-        self.unit_f64() < p
-    }
-
     /// Folds `v` into the state: a keyed stream for (seed, v1, v2, ...).
     pub fn absorb(mut self, v: u64) -> SplitMix64 {
         self.0 = mix64(self.0 ^ mix64(v.wrapping_add(0xD1B5_4A32_D192_ED03)));
@@ -81,8 +63,5 @@ mod tests {
         );
         let mut r = SplitMix64::new(3);
         assert!((0..1000).all(|_| r.below(10) < 10));
-        assert!((0..1000).all(|_| (0.0..1.0).contains(&r.unit_f64())));
-        let hits = (0..10_000).filter(|_| r.chance(0.25)).count();
-        assert!((2_000..3_000).contains(&hits), "{hits}");
     }
 }

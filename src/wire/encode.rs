@@ -63,7 +63,7 @@ pub fn encode_heartbeats<'i, I: IntoIterator<Item = &'i str>>(
     let mut batch = Batch::new(buf);
     for id in ids {
         if check_heartbeat_id(id).is_err() || id.len() > max_len - prefix {
-            batch.stats.skipped = batch.stats.skipped.saturating_add(1);
+            batch.skip();
             continue;
         }
         batch.make_room(id.len() + 1, &mut emit);
@@ -157,15 +157,22 @@ impl<'b> Batch<'b> {
         self.in_msg = 0;
     }
 
-    /// Counts the entry just written (`ok`) or refused by the cursor.
+    /// Counts the entry just written (`ok`), or a skip if the cursor
+    /// refused it.
     #[inline(always)]
     fn add(&mut self, ok: bool) {
         if ok {
             self.in_msg += 1;
             self.stats.entries = self.stats.entries.saturating_add(1);
         } else {
-            self.stats.skipped = self.stats.skipped.saturating_add(1);
+            self.skip();
         }
+    }
+
+    /// Counts an entry that was not encoded.
+    #[inline(always)]
+    fn skip(&mut self) {
+        self.stats.skipped = self.stats.skipped.saturating_add(1);
     }
 
     fn finish(mut self, emit: &mut impl FnMut(&[u8])) -> EncodeStats {
@@ -179,13 +186,20 @@ impl<'b> Batch<'b> {
 /// The exact length of the read-done [`encode_read_done`] would write; at
 /// most `request_id.len() + MAX_READ_DONE_SUFFIX_LEN`.
 pub fn read_done_len(request_id: &str, consumers: u32, nonce: Option<Nonce>) -> usize {
-    let nonce_len = match nonce {
-        Some(_) => READ_DONE_NONCE_TAG.len() + NONCE_HEX_LEN,
-        None => 0,
+    let digits = itoa::Buffer::new().format(consumers).len();
+    read_done_len_of(request_id.len(), digits, nonce.is_some())
+}
+
+/// `id:<digits>` plus `:nonce=<16 hex>` when `with_nonce`: the one sum both
+/// [`read_done_len`] and [`encode_read_done`] (which has the digits at hand
+/// already) use.
+fn read_done_len_of(id_len: usize, digits: usize, with_nonce: bool) -> usize {
+    let nonce_len = if with_nonce {
+        READ_DONE_NONCE_TAG.len() + NONCE_HEX_LEN
+    } else {
+        0
     };
-    request_id
-        .len()
-        .saturating_add(1 + itoa::Buffer::new().format(consumers).len() + nonce_len)
+    id_len.saturating_add(1 + digits + nonce_len)
 }
 
 /// Encodes a read-done (`id:consumers`, or `id:consumers:nonce=<hex>` when
@@ -216,13 +230,7 @@ pub fn encode_read_done(
     }
     let mut decimal = itoa::Buffer::new();
     let digits = decimal.format(consumers).as_bytes();
-    let nonce_len = match nonce {
-        Some(_) => READ_DONE_NONCE_TAG.len() + NONCE_HEX_LEN,
-        None => 0,
-    };
-    // The same sum as `read_done_len`, without formatting the count twice.
-    let len = id.len().saturating_add(1 + digits.len() + nonce_len);
-    debug_assert_eq!(len, read_done_len(request_id, consumers, nonce));
+    let len = read_done_len_of(id.len(), digits.len(), nonce.is_some());
     let buf = out.get_mut(..len).ok_or(WireError::BufferTooSmall)?;
     let mut w = Cursor::new(buf);
     let mut ok = w.put(id) && w.put(b":") && w.put(digits);
