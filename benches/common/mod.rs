@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use kvlease::testkit::SplitMix64;
-use kvlease::{EngineShape, Instant, LeaseBook, LeaseConfig, LeaseFields};
+use kvlease::{Instant, LeaseBook, LeaseConfig, LeaseFields};
 
 /// A vLLM-style request id, `cmpl-<32 hex>-0` (39 bytes).
 pub fn request_id(rng: &mut SplitMix64) -> String {
@@ -38,16 +38,9 @@ pub fn permutation(n: u32, rng: &mut SplitMix64) -> Vec<u32> {
     v
 }
 
-/// Room for `n` leases, each with a slot.
+/// Room for `n` leases, each with a slot (`n` blocks: as many slots).
 pub fn lease_config(n: u32) -> LeaseConfig {
-    let mut cfg = LeaseConfig::new(EngineShape {
-        num_kv_blocks: n,
-        max_num_seqs: 0,
-    });
-    cfg.lease_capacity = n;
-    cfg.lease_slots = n;
-    cfg.validate().expect("valid config");
-    cfg
+    kvlease::testkit::p_side_config(n, n)
 }
 
 /// A book that granted every id at `t0`, the baseline map holding the same
