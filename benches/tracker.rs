@@ -77,7 +77,7 @@ fn tracker(w: &Workload, leased: bool) -> HeartbeatTracker {
             remote_port: Some(5600),
             tp_size: Some(4),
             remote_lease_slot: leased.then_some(i as u32),
-            remote_lease_nonce: leased.then_some(i as u64 + 1),
+            remote_lease_nonce: leased.then_some(i as i64 + 1),
             ..Default::default()
         };
         t.on_new_request(d, &params, Instant::ZERO)

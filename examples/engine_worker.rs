@@ -205,7 +205,7 @@ mod worker {
         let advert = LeaseAdvert::decode(take(&mut b)).expect("P's advert");
         let slot = u32::from_le_bytes(take(&mut b).try_into().expect("slot"));
         let nonce = u64::from_le_bytes(take(&mut b).try_into().expect("nonce"));
-        let lease = LeaseFields::from_params(Some(slot), Some(nonce)).expect("lease");
+        let lease = LeaseFields::from_params(Some(slot), Some(nonce as i64)).expect("lease");
 
         // kvlease learns P from the engine's handshake: no second one.
         let p = fabric

@@ -21,13 +21,20 @@ pub struct LeaseFields {
 
 impl LeaseFields {
     /// The pair from `kv_transfer_params` as vLLM carries it (integers, either
-    /// possibly absent); `None` when either is absent or the nonce is 0,
+    /// possibly absent; the nonce in the seed's signed int64 form, see
+    /// [`crate::nonce`]); `None` when either is absent or the nonce is 0,
     /// which no lease ever has.
-    pub fn from_params(slot: Option<u32>, nonce: Option<u64>) -> Option<LeaseFields> {
+    pub fn from_params(slot: Option<u32>, nonce: Option<i64>) -> Option<LeaseFields> {
         Some(LeaseFields {
             slot: slot?,
-            nonce: Nonce::new(nonce?)?,
+            nonce: Nonce::from_int64(nonce?)?,
         })
+    }
+
+    /// `remote_lease_nonce` as `kv_transfer_params` carries it: the seed's
+    /// int64 (positive for every nonce kvlease draws).
+    pub fn nonce_param(&self) -> i64 {
+        self.nonce.as_int64()
     }
 }
 
@@ -61,5 +68,14 @@ mod tests {
         assert_eq!(LeaseFields::from_params(None, Some(9)), None);
         assert_eq!(LeaseFields::from_params(Some(3), None), None);
         assert_eq!(LeaseFields::from_params(Some(3), Some(0)), None);
+    }
+
+    #[test]
+    fn a_negative_int64_nonce_from_a_foreign_p_is_a_lease() {
+        // A foreign P's int64 slot cell may hold a negative value; its bits
+        // are what D's slot READ lands.
+        let f = LeaseFields::from_params(Some(3), Some(-42)).unwrap();
+        assert_eq!(f.nonce.get(), (-42i64) as u64);
+        assert_eq!(f.nonce_param(), -42);
     }
 }

@@ -7,20 +7,36 @@
 //!
 //! Guarantees ([`crate::design`] invariant 2):
 //! - **never 0**: 0 is what a free slot holds;
+//! - **below 2^63**: the seed's slot array is `int64`, and a Python decoder
+//!   compares its int64 cell with the integer `remote_lease_nonce`; a nonce
+//!   of 2^63 or more reads back negative there and never matches. Drawn
+//!   nonces are in `1..2^63`, so the signed and unsigned views agree;
 //! - **never repeated within one source's life**: the source walks a counter
-//!   through a bijection of `u64`, so two draws differ until 2^64 draws;
+//!   through a bijection of the 63-bit range, so two draws differ until 2^63
+//!   draws;
 //! - **unpredictable across restarts**: the bijection is keyed by 128 bits
 //!   drawn from the OS (through std's `RandomState`, so no extra dependency),
 //!   and the counter starts at a random offset, so a restarted P does not
 //!   re-issue the nonces of its previous life (collision chance per pair of
-//!   nonces is 2^-64).
+//!   nonces is 2^-63).
 //!
-//! The bijection is `x -> mix(x ^ k0) ^ k1` where `mix` is the invertible
-//! splitmix64 finaliser: every step of it (xor-shift, multiply by an odd
-//! constant) is a bijection, so their composition is one too. It is not a
-//! cryptographic PRP; an attacker who sees many nonces could in principle
-//! learn the key. Nonces defend against stale reads, not against a malicious
-//! peer on the fabric, which could read the slot array anyway.
+//! The bijection is `x -> mix63(x ^ k0) ^ k1` on 63-bit values, where
+//! `mix63` is splitmix64's finaliser taken modulo 2^63: a right xor-shift
+//! of a 63-bit value stays in 63 bits and is invertible, and multiplying by
+//! an odd constant is invertible modulo 2^63, so the composition is a
+//! bijection of `0..2^63`. It is not a cryptographic PRP; an attacker who
+//! sees many nonces could in principle learn the key. Nonces defend against
+//! stale reads, not against a malicious peer on the fabric, which could read
+//! the slot array anyway.
+//!
+//! # Signedness on the wire
+//!
+//! A nonce is a 64-bit word: the slot cell holds it, `HBC:` and the
+//! read-done's `nonce=<16 hex>` carry its bits. `remote_lease_nonce` in
+//! `kv_transfer_params` is the seed's **signed int64**: kvlease writes only
+//! positive values (below 2^63), and accepts any non-zero int64 from a
+//! foreign P, taking its two's-complement bits ([`Nonce::from_int64`]), which
+//! are exactly what that P's int64 slot cell holds.
 
 use core::fmt;
 use core::num::NonZeroU64;
@@ -47,6 +63,20 @@ impl Nonce {
     /// The raw value, as written into a lease slot and onto the wire.
     pub const fn get(self) -> u64 {
         self.0.get()
+    }
+
+    /// A nonce from the seed's int64 form (`remote_lease_nonce`, or a P's
+    /// int64 slot cell): its two's-complement bits. `None` for 0. A negative
+    /// value from a foreign P is a valid nonce: its slot cell holds the same
+    /// bits.
+    pub const fn from_int64(v: i64) -> Option<Nonce> {
+        Nonce::new(v as u64)
+    }
+
+    /// The seed's int64 form, for `remote_lease_nonce`: positive for every
+    /// nonce a [`NonceSource`] draws (they are below 2^63).
+    pub const fn as_int64(self) -> i64 {
+        self.get() as i64
     }
 }
 
@@ -78,34 +108,40 @@ impl NonceSource {
 
     /// A deterministic source (tests and the simulator). Distinct seeds do
     /// not guarantee disjoint outputs; only one source's own draws are
-    /// guaranteed distinct.
+    /// guaranteed distinct. Only the low 63 bits of each seed count.
     pub fn from_seed(start: u64, k0: u64, k1: u64) -> NonceSource {
         NonceSource {
-            counter: start,
-            k0,
-            k1,
+            counter: start & LOW63,
+            k0: k0 & LOW63,
+            k1: k1 & LOW63,
         }
     }
 
-    /// The next nonce. O(1), no allocation.
+    /// The next nonce, in `1..2^63`. O(1), no allocation.
     #[inline]
     pub fn next_nonce(&mut self) -> Nonce {
         loop {
             let x = self.counter;
-            self.counter = self.counter.wrapping_add(1);
-            // Exactly one counter value in 2^64 maps to 0; skip it.
-            if let Some(n) = Nonce::new(mix(x ^ self.k0) ^ self.k1) {
+            self.counter = self.counter.wrapping_add(1) & LOW63;
+            // Exactly one counter value in 2^63 maps to 0; skip it.
+            if let Some(n) = Nonce::new(mix63(x ^ self.k0) ^ self.k1) {
+                debug_assert!(n.get() <= LOW63);
                 return n;
             }
         }
     }
 }
 
-/// splitmix64's finaliser: a bijection on u64.
+/// The 63 bits a drawn nonce may use.
+const LOW63: u64 = (1 << 63) - 1;
+
+/// splitmix64's finaliser modulo 2^63: a bijection on `0..2^63` (module
+/// docs). The input must be below 2^63.
 #[inline]
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+fn mix63(mut z: u64) -> u64 {
+    debug_assert!(z <= LOW63);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9) & LOW63;
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb) & LOW63;
     z ^ (z >> 31)
 }
 
@@ -129,33 +165,70 @@ mod tests {
     }
 
     #[test]
-    fn mix_is_injective_on_a_sample() {
+    fn mix63_is_injective_on_a_sample_and_stays_in_63_bits() {
         let mut seen = HashSet::new();
         for x in 0..200_000u64 {
-            assert!(seen.insert(mix(x.wrapping_mul(0x9e37_79b9_7f4a_7c15))));
+            let y = mix63(x.wrapping_mul(0x9e37_79b9_7f4a_7c15) & LOW63);
+            assert!(y <= LOW63);
+            assert!(seen.insert(y));
         }
     }
 
     #[test]
-    fn a_source_never_repeats_and_never_yields_zero() {
-        let mut s = NonceSource::from_seed(u64::MAX - 1000, 1, 2);
+    fn mix63_is_a_bijection_on_a_small_window_of_high_bits() {
+        // Inputs that differ only in bit 62 and the low bits: a finaliser that
+        // dropped bit 62 on the way (a mask in the wrong place) collides here.
+        let mut seen = HashSet::new();
+        for hi in [0u64, 1 << 62] {
+            for lo in 0..50_000u64 {
+                assert!(seen.insert(mix63(hi | lo)));
+            }
+        }
+    }
+
+    #[test]
+    fn a_source_never_repeats_never_yields_zero_and_stays_below_2_63() {
+        // Starts next to the counter's wrap at 2^63.
+        let mut s = NonceSource::from_seed(LOW63 - 1000, 1, 2);
         let mut seen = HashSet::new();
         for _ in 0..100_000 {
             let n = s.next_nonce();
             assert_ne!(n.get(), 0);
+            assert!(n.as_int64() > 0, "{n:?} is negative as int64");
             assert!(seen.insert(n), "repeated {n:?}");
         }
     }
 
     #[test]
+    fn entropy_nonces_fit_an_int64_slot_cell() {
+        // The issue's measurement: 10 of 16 exported nonces were >= 2^63.
+        // Every one must now read back positive from an int64 cell.
+        let mut s = NonceSource::from_entropy();
+        for _ in 0..10_000 {
+            let n = s.next_nonce();
+            assert!(n.get() < 1 << 63);
+            assert_eq!(Nonce::from_int64(n.as_int64()), Some(n));
+        }
+    }
+
+    #[test]
+    fn the_int64_form_takes_negative_values_by_their_bits() {
+        let n = Nonce::from_int64(-5).unwrap();
+        assert_eq!(n.get(), (-5i64) as u64);
+        assert_eq!(n.as_int64(), -5);
+        assert_eq!(Nonce::from_int64(0), None);
+        assert_eq!(Nonce::from_int64(i64::MIN).map(Nonce::get), Some(1 << 63));
+    }
+
+    #[test]
     fn the_one_counter_value_that_maps_to_zero_is_skipped() {
-        // mix(x ^ k0) ^ k1 == 0  <=>  x == inv_mix(k1) ^ k0. Choose k1 = mix(5), k0 = 0:
-        // counter 5 would give 0.
-        let mut s = NonceSource::from_seed(4, 0, mix(5));
+        // mix63(x ^ k0) ^ k1 == 0  <=>  x == inv(k1) ^ k0. Choose k1 = mix63(5),
+        // k0 = 0: counter 5 would give 0.
+        let mut s = NonceSource::from_seed(4, 0, mix63(5));
         let a = s.next_nonce();
         let b = s.next_nonce();
-        assert_eq!(a.get(), mix(4) ^ mix(5));
-        assert_eq!(b.get(), mix(6) ^ mix(5), "counter 5 skipped");
+        assert_eq!(a.get(), mix63(4) ^ mix63(5));
+        assert_eq!(b.get(), mix63(6) ^ mix63(5), "counter 5 skipped");
     }
 
     #[test]

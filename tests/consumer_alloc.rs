@@ -124,7 +124,7 @@ fn steady_state_d_steps_allocate_nothing() {
                     // Engine e05 always arrives with tp 3: cannot map to D TP 2.
                     tp_size: Some(if engine == "e05" { 3 } else { tp }),
                     remote_lease_slot: leased.then_some((n % 4096) as u32),
-                    remote_lease_nonce: leased.then_some(n + 1),
+                    remote_lease_nonce: leased.then_some(n as i64 + 1),
                     ..Default::default()
                 };
                 match tracker.on_new_request(d, &params, now) {

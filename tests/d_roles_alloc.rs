@@ -142,7 +142,7 @@ fn the_d_split_allocates_nothing_per_step() {
                     remote_port: Some(5600),
                     tp_size: Some([1, 2, 4][(r >> 8) as usize % 3]),
                     remote_lease_slot: leased.then_some((n % 4096) as u32),
-                    remote_lease_nonce: leased.then_some(n + 1),
+                    remote_lease_nonce: leased.then_some(n as i64 + 1),
                     ..Default::default()
                 };
                 if let Ok(TrackOutcome::Started) =
@@ -275,7 +275,7 @@ fn verifier_steps_over_loopback_allocate_nothing() {
     let mut held = Vec::with_capacity(3000);
     for i in 0..3000 {
         let g = book.grant(&format!("held-{i}"), now).unwrap();
-        held.push(LeaseFields::from_params(g.slot, Some(g.nonce.get())).unwrap());
+        held.push(LeaseFields::from_params(g.slot, Some(g.nonce.as_int64())).unwrap());
     }
     let mut verifier = LeaseVerifier::new(&mut d, 64, 4).unwrap();
     let mut got = [0u64; 5];
@@ -292,7 +292,7 @@ fn verifier_steps_over_loopback_allocate_nothing() {
                 let lease = match (step + k) % 5 {
                     0 => None,
                     1 => LeaseFields::from_params(Some(count + (rng % 4000) as u32), Some(9)),
-                    2 => LeaseFields::from_params(Some(good.slot), Some(good.nonce.get() ^ 1)),
+                    2 => LeaseFields::from_params(Some(good.slot), Some(good.nonce.as_int64() ^ 1)),
                     _ => Some(good),
                 };
                 let targets = if lease.is_some() { &[target][..] } else { &[] };

@@ -151,7 +151,7 @@ fn check_tracker(data: &[u8]) {
                     tp_size: Some(1 + u32::from(tp_minus_one)),
                     pp_size: Some(u32::from(pp)),
                     remote_lease_slot: lease.map(|_| u32::from(n) * 7),
-                    remote_lease_nonce: lease.map(|x| u64::from(x) << 3),
+                    remote_lease_nonce: lease.map(|x| i64::from(x) << 3),
                     ..Default::default()
                 };
                 let _ = t.on_new_request(&format!("d{d}"), &params, now);

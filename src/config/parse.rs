@@ -293,16 +293,15 @@ pub(super) fn non_finite_value(json: &str) -> Option<ConfigError> {
             c if c.is_ascii_whitespace() => {}
             _ => {
                 let rest = &json[i..];
-                let token = ["NaN", "Infinity", "-Infinity"]
-                    .into_iter()
-                    .find(|t| rest.starts_with(t));
-                if let (Some(token), true, Some((s, e))) = (token, colon_after, last_str) {
+                let problem = non_finite_token(rest);
+                if let (Some((token, rule)), true, Some((s, e))) = (problem, colon_after, last_str)
+                {
                     // An unknown key with NaN is not ours to name: keep scanning.
                     if let Some(key) = KNOWN_KEYS.iter().find(|k| k.as_bytes() == &b[s..e]) {
                         return Some(ConfigError::OutOfRange {
                             key,
                             value: token.to_string(),
-                            rule: "must be a finite number (JSON has no NaN or Infinity)",
+                            rule,
                         });
                     }
                 }
@@ -313,4 +312,30 @@ pub(super) fn non_finite_value(json: &str) -> Option<ConfigError> {
         i += 1;
     }
     None
+}
+
+/// The value token at the start of `rest` when it is one that serde_json
+/// refuses for not being a finite double: Python's `NaN` / `Infinity` /
+/// `-Infinity`, or a number literal beyond a double's range (`1e309`,
+/// which Python's `json` reads as infinity), with the rule to quote.
+fn non_finite_token(rest: &str) -> Option<(&str, &'static str)> {
+    if let Some(t) = ["NaN", "Infinity", "-Infinity"]
+        .into_iter()
+        .find(|t| rest.starts_with(t))
+    {
+        return Some((t, "must be a finite number (JSON has no NaN or Infinity)"));
+    }
+    let len = rest
+        .bytes()
+        .take_while(|c| c.is_ascii_digit() || matches!(c, b'-' | b'+' | b'.' | b'e' | b'E'))
+        .count();
+    let token = &rest[..len];
+    let starts_number = token.bytes().next().is_some_and(|c| c == b'-' || c.is_ascii_digit());
+    match token.parse::<f64>() {
+        Ok(f) if starts_number && f.is_infinite() => Some((
+            token,
+            "must be a finite number (beyond a double's range; Python reads it as infinity)",
+        )),
+        _ => None,
+    }
 }

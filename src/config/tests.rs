@@ -300,6 +300,33 @@ fn config_refuses_nan_inf_zero_negative() {
 }
 
 #[test]
+fn a_number_beyond_a_double_names_its_key() {
+    // Python's json reads 1e309 as infinity; serde_json refuses it as "number
+    // out of range" at a column. Every key that takes a number must be named.
+    for key in KNOWN_KEYS {
+        for v in ["1e309", "-1e309", "1E400", "123456789e999"] {
+            let input = format!(r#"{{"backends": ["UCX"], "{key}": {v}}}"#);
+            let err = parse(&input).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::OutOfRange { key: k, .. } if k == *key),
+                "{input}: {err:?}"
+            );
+            let msg = err.to_string();
+            assert!(msg.contains(key) && msg.contains(v), "{input}: {msg}");
+        }
+    }
+    // Finite huge numbers keep their own (range) errors; unknown keys the JSON one.
+    assert!(matches!(
+        parse(r#"{"kv_lease_slots": 1e300}"#),
+        Err(ConfigError::WrongType { .. })
+    ));
+    assert!(matches!(
+        parse(r#"{"other": 1e309}"#),
+        Err(ConfigError::Json { .. })
+    ));
+}
+
+#[test]
 fn hand_built_config_with_huge_duration_never_panics() {
     for huge in [
         Duration::MAX,

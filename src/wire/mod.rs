@@ -72,7 +72,11 @@
 //!
 //! Form 2 followed by `:nonce=` and the lease nonce as exactly 16 hex digits,
 //! most significant first (`{:016x}`). Encoders write lowercase; the decoder
-//! accepts either case. Nonce 0 is [`WireError::ZeroNonce`]: no lease ever
+//! accepts either case. The digits are the nonce's 64 bits, unsigned: the
+//! seed's int64 `remote_lease_nonce` -5 is `fffffffffffffffb` (its
+//! two's-complement bits, which is what a foreign P's int64 slot cell
+//! holds); nonces kvlease draws are below 2^63, so their first digit is at
+//! most 7 (see [`crate::nonce`], "Signedness on the wire"). Nonce 0 is [`WireError::ZeroNonce`]: no lease ever
 //! has it. The form cannot be confused with form 2, whose last field is all
 //! digits: the decoder looks at the field after the last `:` and takes the
 //! nonce form exactly when that field begins with `nonce=`.

@@ -77,7 +77,7 @@ impl Deployment {
         let lease = grant.lease_fields().map(|f| (f.slot, f.nonce));
         let params = RemotePrefillParams {
             remote_lease_slot: lease.map(|l| l.0),
-            remote_lease_nonce: lease.map(|l| l.1.get()),
+            remote_lease_nonce: lease.map(|l| l.1.as_int64()),
             ..remote_prefill(ENGINE, p_id, "10.0.0.1", 5600, p_tp)
         };
         self.tracker

@@ -24,7 +24,7 @@ fn params<'a>(engine: &'a str, p_id: &'a str, p_tp: u32) -> RemotePrefillParams<
     remote_prefill(engine, p_id, "p0", 5600, p_tp)
 }
 
-fn leased<'a>(engine: &'a str, p_id: &'a str, slot: u32, nonce: u64) -> RemotePrefillParams<'a> {
+fn leased<'a>(engine: &'a str, p_id: &'a str, slot: u32, nonce: i64) -> RemotePrefillParams<'a> {
     RemotePrefillParams {
         remote_lease_slot: Some(slot),
         remote_lease_nonce: Some(nonce),
@@ -575,7 +575,7 @@ fn hostile_fabrics_and_engines_never_panic() {
                 let mut params = params(&e, &p, tp);
                 if (r >> 24) % 3 != 0 {
                     params.remote_lease_slot = Some((r >> 32) as u32);
-                    params.remote_lease_nonce = Some(r | 1);
+                    params.remote_lease_nonce = Some((r | 1) as i64);
                 }
                 let _ = t.on_new_request(&d, &params, now);
             }

@@ -617,7 +617,7 @@ fn hostile_inputs_never_panic() {
                     dcp_size: opt(9).then_some(0),
                     remote_num_tokens: opt(10).then_some(pick),
                     remote_lease_slot: opt(11).then_some((pick >> 20) as u32),
-                    remote_lease_nonce: opt(12).then_some(pick >> (pick % 64)),
+                    remote_lease_nonce: opt(12).then_some((pick >> (pick % 64)) as i64),
                 };
                 let _ = t.on_new_request(&d, &params, now);
             }

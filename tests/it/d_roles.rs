@@ -262,7 +262,7 @@ fn step_and_the_byte_path_send_the_same_heartbeats() {
             let mut pa = params(&e, &p, tp);
             if (r >> 24) % 8 != 0 {
                 pa.remote_lease_slot = Some((r >> 32) as u32 % 1024);
-                pa.remote_lease_nonce = Some(r | 1);
+                pa.remote_lease_nonce = Some((r | 1) as i64);
             }
             assert_eq!(
                 ta.on_new_request(&d, &pa, now),

@@ -179,11 +179,11 @@ impl Deployment {
     /// fields unless `drop_fields` (a router lost them). Returns the fields.
     fn route(&mut self, p_id: &str, d_id: &str, drop_fields: bool) -> Option<LeaseFields> {
         let g = self.book.grant(p_id, self.now).unwrap();
-        let fields = LeaseFields::from_params(g.slot, Some(g.nonce.get()));
+        let fields = LeaseFields::from_params(g.slot, Some(g.nonce.as_int64()));
         let sent = if drop_fields { None } else { fields };
         let params = RemotePrefillParams {
             remote_lease_slot: sent.map(|f| f.slot),
-            remote_lease_nonce: sent.map(|f| f.nonce.get()),
+            remote_lease_nonce: sent.map(|f| f.nonce.as_int64()),
             ..remote_prefill(ENGINE, p_id, "10.0.0.1", 5600, TP)
         };
         assert!(params.lease_fields() == sent);
@@ -370,7 +370,7 @@ fn a_bad_slot_fails_only_its_own_check_over_loopback() {
         now,
     )
     .unwrap();
-    let lease = |g: kvlease::Grant| LeaseFields::from_params(g.slot, Some(g.nonce.get()));
+    let lease = |g: kvlease::Grant| LeaseFields::from_params(g.slot, Some(g.nonce.as_int64()));
     let a = lease(book.grant("a", now).unwrap()).unwrap();
     let b = lease(book.grant("b", now).unwrap()).unwrap();
     let bad_fields = |slot| LeaseFields::from_params(Some(slot), Some(77));

@@ -325,7 +325,7 @@ impl Deployment for NixlDeployment {
                 ["ev", rest @ ..] => events.push(parse_event(rest).expect("P's event")),
                 ["granted", slot, nonce] => {
                     self.granted =
-                        LeaseFields::from_params(slot.parse().ok(), nonce.parse::<u64>().ok());
+                        LeaseFields::from_params(slot.parse().ok(), nonce.parse::<i64>().ok());
                     assert!(self
                         .granted
                         .is_some_and(|l| Nonce::new(l.nonce.get()).is_some()));

@@ -318,7 +318,7 @@ impl DecodeEngine {
                     remote_port: Some(P_PORT),
                     tp_size: Some(self.p_tp),
                     remote_lease_slot: req.lease.map(|l| l.slot),
-                    remote_lease_nonce: req.lease.map(|l| l.nonce.get()),
+                    remote_lease_nonce: req.lease.map(|l| l.nonce.as_int64()),
                     ..Default::default()
                 };
                 let d_id = d_request_id(serial);

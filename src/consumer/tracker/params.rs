@@ -33,8 +33,10 @@ pub struct RemotePrefillParams<'a> {
     pub remote_num_tokens: Option<u64>,
     /// The lease slot P exported for the request (the seed's addition).
     pub remote_lease_slot: Option<u32>,
-    /// The nonce P wrote into that slot (0 is treated as absent).
-    pub remote_lease_nonce: Option<u64>,
+    /// The nonce P wrote into that slot, in the seed's signed int64 form (a
+    /// foreign P may send a negative one; its bits are the slot word). 0 is
+    /// treated as absent.
+    pub remote_lease_nonce: Option<i64>,
 }
 
 impl RemotePrefillParams<'_> {

@@ -12,7 +12,7 @@ fn target(f: &FakeFabric, agent: u32) -> VerifyTarget {
 }
 
 fn lf(slot: u32, nonce: u64) -> Option<LeaseFields> {
-    LeaseFields::from_params(Some(slot), Some(nonce))
+    LeaseFields::from_params(Some(slot), Some(nonce as i64))
 }
 
 fn run(v: &mut LeaseVerifier, f: &mut FakeFabric) -> Vec<(u64, Verdict)> {

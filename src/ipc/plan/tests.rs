@@ -27,7 +27,7 @@ fn tracker() -> HeartbeatTracker {
             tp_size: Some(2),
             pp_size: Some(3),
             remote_lease_slot: lease.map(|l| l.0),
-            remote_lease_nonce: lease.map(|l| l.1),
+            remote_lease_nonce: lease.map(|l| l.1 as i64),
             ..Default::default()
         };
         t.on_new_request(d, &params, Instant::ZERO).unwrap();

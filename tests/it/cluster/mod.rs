@@ -554,7 +554,7 @@ impl Node for DSchedNode {
                 remote_port: Some(1),
                 tp_size: Some(P_TP),
                 remote_lease_slot: lease.map(|l| l.slot),
-                remote_lease_nonce: lease.map(|l| l.nonce.get()),
+                remote_lease_nonce: lease.map(|l| l.nonce.as_int64()),
                 ..Default::default()
             };
             self.tracker

@@ -332,7 +332,7 @@ impl<E: EngineAgent> DWorker<E> {
             remote_port: Some(1),
             tp_size: Some(1),
             remote_lease_slot: Some(lease.slot),
-            remote_lease_nonce: Some(lease.nonce.get()),
+            remote_lease_nonce: Some(lease.nonce.as_int64()),
             ..Default::default()
         };
         self.tracker

@@ -326,7 +326,7 @@ impl Decode {
             remote_port: Some(port),
             tp_size: Some(1),
             remote_lease_slot: lease.map(|l| l.0),
-            remote_lease_nonce: lease.map(|l| l.1.get()),
+            remote_lease_nonce: lease.map(|l| l.1.as_int64()),
             ..Default::default()
         };
         assert_eq!(
