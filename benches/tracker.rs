@@ -67,7 +67,7 @@ fn tracker(w: &Workload, leased: bool) -> HeartbeatTracker {
     config.max_tracked_requests = REQUESTS as u32;
     config.max_remote_engines = ENGINES as u32;
     config.validate().expect("bench config");
-    let mut t = HeartbeatTracker::new(&config);
+    let mut t = HeartbeatTracker::new(&config, 1).expect("tracker");
     for (i, (d, e, p)) in w.requests.iter().enumerate() {
         let params = RemotePrefillParams {
             do_remote_prefill: true,

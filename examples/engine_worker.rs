@@ -42,7 +42,7 @@ mod worker {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use kvlease::consumer::{LeaseVerifier, Verdict, VerifyTarget};
+    use kvlease::consumer::{LeaseVerifier, Verdict, VerifierConfig, VerifyTarget};
     use kvlease::fabric::nixl::{agents_created, runtime_available, NixlConfig, NixlFabric};
     use kvlease::fabric::{Fabric, HandshakeState, LeaseAdvert, PeerRecord};
     use kvlease::wire::{self, CompactEntry};
@@ -190,7 +190,9 @@ mod worker {
         let mut landing = SystemStorage::new(KV_LEN).expect("landing");
         landing.register(&agent, None).expect("register landing");
         let mut fabric = kvlease_fabric(&agent, clock);
-        let mut verifier = LeaseVerifier::new(&mut fabric, 16, 4).expect("verifier");
+        let mut verifier =
+            LeaseVerifier::new(&mut fabric, &VerifierConfig::new(&lease_config(), 16, 4))
+                .expect("verifier");
 
         // The engine's handshake with P, over its own channel.
         let mut conn = UnixStream::connect(path).expect("connect to P");

@@ -1,5 +1,5 @@
-//! Heterogeneous tensor parallelism: which P ranks a D rank reads from and
-//! heartbeats.
+//! Heterogeneous tensor parallelism, and P's pipeline stages: which P ranks
+//! a D rank reads from, heartbeats and verifies.
 //!
 //! This module owns the rank arithmetic of vLLM's NixlConnector and nothing
 //! else: it knows neither addresses nor agents (the heartbeat sender turns a
@@ -39,9 +39,35 @@
 //! once D stops heartbeating, within one extension. Blocks are freed late,
 //! never early. `tests/it/read_done_consumers.rs` checks both, over the wire.
 //!
+//! # Pipeline parallelism on P
+//!
+//! A P engine with PP > 1 has `tp × pp` workers, numbered as vLLM numbers
+//! them: global rank = `stage * tp + tp_rank`. Each stage holds the layers
+//! of its part of the model for *every* request, so every stage holds a
+//! lease for the request, and a D rank that reads TP shard `t` reads it from
+//! every stage. The targets of a D rank are therefore its TP targets
+//! repeated on every stage:
+//!
+//! ```text
+//! targets(r) = [stage * remote_tp + t  for stage in 0..remote_pp,  t in tp_targets(r)]
+//! ```
+//!
+//! With P TP 2 × PP 2 and D TP 1, D rank 0 heartbeats and verifies P ranks
+//! 0, 1, 2 and 3; with only `0..tp` (what ignoring PP gives) the leases of
+//! stage 1 lapse under a busy D. The fan-out grows by the stage count, and
+//! the read-done count per P rank does not change (a stage's rank is read by
+//! the same D ranks as stage 0's).
+//!
+//! Decode-context parallelism (`dcp_size`) does not add ranks: DCP ranks
+//! are TP ranks that split a request's tokens among themselves, so every
+//! rank holding blocks is already a TP target of some D rank on every
+//! stage. The tracker records `dcp_size` (and refuses 0, as it refuses a
+//! `pp_size` of 0).
+//!
 //! vLLM uses integer division and silently mis-maps sizes that do not divide;
 //! here a size that is zero or does not divide the other is a
-//! [`TopologyError`], as is a rank outside `0..local_tp`.
+//! [`TopologyError`], as is a rank outside `0..local_tp` and a fan-out
+//! beyond `u32`.
 
 use core::iter::FusedIterator;
 
@@ -74,13 +100,24 @@ pub enum TopologyError {
         /// The local TP size.
         local_tp: u32,
     },
+    /// P's pipeline-parallel size is 0, or `tp × pp` overflows a rank number.
+    #[error("remote pipeline-parallel size {remote_pp} with remote tp {remote_tp}")]
+    BadPp {
+        /// The remote (P) TP size.
+        remote_tp: u32,
+        /// The remote (P) PP size.
+        remote_pp: u32,
+    },
 }
 
-/// A validated (local TP, remote TP) pair and its vLLM `tp_ratio`.
+/// A validated (local TP, remote TP, remote PP) triple and its vLLM
+/// `tp_ratio`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TpMapping {
     local_tp: u32,
     remote_tp: u32,
+    /// P's pipeline stages (1 unless [`TpMapping::with_remote_pp`]).
+    remote_pp: u32,
     /// vLLM's `tp_ratio`; never 0. An `i64` because `-(u32::MAX)` must fit.
     ratio: i64,
 }
@@ -114,8 +151,31 @@ impl TpMapping {
         Ok(TpMapping {
             local_tp,
             remote_tp,
+            remote_pp: 1,
             ratio,
         })
+    }
+
+    /// The same TP pair toward a P with `remote_pp` pipeline stages
+    /// (module docs: every stage's ranks are targets). Refuses 0 and a
+    /// `tp × pp` that does not fit a `u32` rank number.
+    pub const fn with_remote_pp(self, remote_pp: u32) -> Result<TpMapping, TopologyError> {
+        let fits = match self.remote_tp.checked_mul(remote_pp) {
+            Some(_) => true,
+            None => false,
+        };
+        if remote_pp == 0 || !fits {
+            return Err(TopologyError::BadPp {
+                remote_tp: self.remote_tp,
+                remote_pp,
+            });
+        }
+        Ok(TpMapping { remote_pp, ..self })
+    }
+
+    /// P's pipeline-parallel size.
+    pub const fn remote_pp(&self) -> u32 {
+        self.remote_pp
     }
 
     /// The local (D) TP size.
@@ -135,8 +195,14 @@ impl TpMapping {
     }
 
     /// How many remote ranks each local rank talks to: `|tp_ratio|` when
-    /// the ratio is negative, else 1.
+    /// the ratio is negative, else 1, times P's pipeline stages. Saturates
+    /// at `u32::MAX` (a fan-out that large is refused by every user).
     pub const fn fan_out(&self) -> u32 {
+        self.tp_fan_out().saturating_mul(self.remote_pp)
+    }
+
+    /// Remote ranks per stage: `|tp_ratio|` when negative, else 1.
+    const fn tp_fan_out(&self) -> u32 {
         if self.ratio < 0 {
             // remote_tp / local_tp, which fits a u32.
             self.remote_tp / self.local_tp
@@ -162,7 +228,8 @@ impl TpMapping {
     }
 
     /// The remote ranks local rank `rank` reads from and heartbeats, in
-    /// ascending order. Always [`TpMapping::fan_out`] of them.
+    /// ascending order: its TP targets on stage 0, then on stage 1, and so
+    /// on. Always [`TpMapping::fan_out`] of them.
     pub const fn targets(&self, rank: u32) -> Result<RemoteRanks, TopologyError> {
         if rank >= self.local_tp {
             return Err(TopologyError::RankOutOfRange {
@@ -179,8 +246,11 @@ impl TpMapping {
             (rank * k, k)
         };
         Ok(RemoteRanks {
-            next: start,
-            end: start + len,
+            start,
+            per_stage: len,
+            stride: self.remote_tp,
+            count: self.fan_out(),
+            next: 0,
         })
     }
 }
@@ -193,18 +263,56 @@ pub const fn tp_ratio(local_tp: u32, remote_tp: u32) -> Result<i64, TopologyErro
     }
 }
 
-/// The remote ranks of one local rank: a contiguous range, yielded in order.
+/// The remote ranks of one local rank: one contiguous range of TP ranks,
+/// repeated on every pipeline stage (`stride` = remote TP apart), yielded in
+/// order. Indexable ([`RemoteRanks::get`]) so that callers can keep per-peer
+/// state by position.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemoteRanks {
+    /// The first TP rank on stage 0.
+    start: u32,
+    /// TP ranks per stage.
+    per_stage: u32,
+    /// Ranks between two stages' first ranks (the remote TP size).
+    stride: u32,
+    /// Targets in all.
+    count: u32,
+    /// The next position to yield.
     next: u32,
-    end: u32,
 }
 
 impl RemoteRanks {
-    /// The first rank (even after iteration started: the range's start as
-    /// it is now).
+    /// The first rank (stage 0's first TP target).
     pub const fn first(&self) -> u32 {
-        self.next
+        self.start
+    }
+
+    /// The rank at position `k` (`0..fan_out`), whatever has been iterated.
+    pub const fn get(&self, k: u32) -> Option<u32> {
+        if k >= self.count || self.per_stage == 0 {
+            return None;
+        }
+        // stage * stride + start + offset < remote_tp * remote_pp, which
+        // with_remote_pp checked fits a u32.
+        let stage = k / self.per_stage;
+        Some(stage * self.stride + self.start + k % self.per_stage)
+    }
+
+    /// The position of `rank` among the targets, if it is one.
+    pub const fn position(&self, rank: u32) -> Option<u32> {
+        if self.stride == 0 {
+            return None;
+        }
+        let (stage, tp) = (rank / self.stride, rank % self.stride);
+        if tp < self.start || tp - self.start >= self.per_stage {
+            return None;
+        }
+        let k = stage as u64 * self.per_stage as u64 + (tp - self.start) as u64;
+        if k < self.count as u64 {
+            Some(k as u32)
+        } else {
+            None
+        }
     }
 }
 
@@ -213,18 +321,14 @@ impl Iterator for RemoteRanks {
 
     #[inline]
     fn next(&mut self) -> Option<u32> {
-        if self.next < self.end {
-            let r = self.next;
-            self.next += 1;
-            Some(r)
-        } else {
-            None
-        }
+        let r = self.get(self.next)?;
+        self.next += 1;
+        Some(r)
     }
 
     #[inline]
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = (self.end - self.next) as usize;
+        let n = self.count.saturating_sub(self.next) as usize;
         (n, Some(n))
     }
 }
@@ -349,6 +453,80 @@ mod tests {
         );
         assert!(m.targets(u32::MAX).is_err());
         assert_eq!(tp_ratio(1, 3), Ok(-3));
+    }
+
+    fn pp_targets(local_tp: u32, remote_tp: u32, remote_pp: u32, rank: u32) -> Vec<u32> {
+        TpMapping::new(local_tp, remote_tp)
+            .unwrap()
+            .with_remote_pp(remote_pp)
+            .unwrap()
+            .targets(rank)
+            .unwrap()
+            .collect()
+    }
+
+    /// The issue's case: a P with PP > 1 has TP × PP ranks, and D must reach
+    /// the later stages too (only `0..tp` before).
+    #[test]
+    fn every_pipeline_stage_is_a_target() {
+        assert_eq!(pp_targets(1, 2, 2, 0), [0, 1, 2, 3]);
+        assert_eq!(pp_targets(2, 4, 2, 1), [2, 3, 6, 7]);
+        assert_eq!(pp_targets(4, 2, 3, 3), [1, 3, 5]);
+        let m = TpMapping::new(2, 4).unwrap().with_remote_pp(2).unwrap();
+        assert_eq!(m.fan_out(), 4);
+        assert_eq!(m.consumers_per_p_rank(), 1);
+        assert_eq!(m.remote_pp(), 2);
+    }
+
+    #[test]
+    fn every_rank_of_every_stage_is_covered_as_often_as_its_readers() {
+        for (local, remote, pp) in [(1, 8, 2), (2, 8, 3), (8, 1, 4), (8, 2, 2), (3, 6, 2)] {
+            let m = TpMapping::new(local, remote)
+                .unwrap()
+                .with_remote_pp(pp)
+                .unwrap();
+            let mut hits = vec![0u32; (remote * pp) as usize];
+            for r in 0..local {
+                let t = m.targets(r).unwrap();
+                assert_eq!(t.len(), m.fan_out() as usize);
+                for (k, p) in t.enumerate() {
+                    hits[p as usize] += 1;
+                    assert_eq!(t.get(k as u32), Some(p));
+                    assert_eq!(t.position(p), Some(k as u32), "{local}/{remote}x{pp}");
+                }
+                assert_eq!(t.get(m.fan_out()), None);
+            }
+            assert!(
+                hits.iter().all(|&h| h == m.consumers_per_p_rank()),
+                "{local}/{remote}x{pp}: {hits:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn position_refuses_ranks_that_are_not_targets() {
+        let t = TpMapping::new(2, 4)
+            .unwrap()
+            .with_remote_pp(2)
+            .unwrap()
+            .targets(1)
+            .unwrap();
+        for r in [0, 1, 4, 5, 8, 9, u32::MAX] {
+            assert_eq!(t.position(r), None, "{r}");
+        }
+    }
+
+    #[test]
+    fn bad_pp_sizes_are_typed_errors() {
+        let m = TpMapping::new(1, 4).unwrap();
+        assert!(matches!(
+            m.with_remote_pp(0),
+            Err(TopologyError::BadPp { .. })
+        ));
+        assert!(matches!(
+            m.with_remote_pp(u32::MAX),
+            Err(TopologyError::BadPp { .. })
+        ));
     }
 
     #[test]

@@ -52,7 +52,7 @@ fn steady_state_d_steps_allocate_nothing() {
     config.max_tracked_requests = 4096;
     config.max_remote_engines = 16;
     config.validate().unwrap();
-    let mut tracker = HeartbeatTracker::new(&config);
+    let mut tracker = HeartbeatTracker::new(&config, 1).expect("tracker");
     let make_fabric = || {
         // Notifications of at most 512 bytes force splitting; the log keeps
         // the first 1,024 messages, the counters count all of them.
@@ -222,7 +222,7 @@ fn tracker_memory_per_request_matches_the_readme() {
         c.max_tracked_requests = requests;
         c.max_request_id_len = max_id_len;
         c.validate().unwrap();
-        let (tracker, counts) = count_allocs(|| HeartbeatTracker::new(&c));
+        let (tracker, counts) = count_allocs(|| HeartbeatTracker::new(&c, 1).expect("tracker"));
         drop(tracker);
         counts.bytes
     };
@@ -234,7 +234,7 @@ fn tracker_memory_per_request_matches_the_readme() {
     // README, "Configuration": about 383 B per request (128-byte ids), 191 B
     // with ids of at most 64 bytes; 25.2 MB for the default.
     let (p128, p64) = (per_request(128), per_request(64));
-    let (tracker, total) = count_allocs(|| HeartbeatTracker::new(&default));
+    let (tracker, total) = count_allocs(|| HeartbeatTracker::new(&default, 1).expect("tracker"));
     drop(tracker);
     println!("tracker memory: {p128} B/request (128-byte ids), {p64} B/request (64-byte ids), {} B default", total.bytes);
     assert!((378.0..=388.0).contains(&p128), "{p128} B per request");

@@ -70,8 +70,7 @@ fn the_d_split_allocates_nothing_per_step() {
     config.max_tracked_requests = 2048;
     config.max_remote_engines = 8;
     config.validate().unwrap();
-    let mut tracker = HeartbeatTracker::new(&config);
-    tracker.set_workers(2);
+    let mut tracker = HeartbeatTracker::new(&config, 2).expect("tracker");
     let make_fabric = || {
         let mut f = FakeFabric::new(512, 256, 256, 1 << 16);
         f.set_policy("p0:5600/e3/", Policy::unreachable());
@@ -277,7 +276,8 @@ fn verifier_steps_over_loopback_allocate_nothing() {
         let g = book.grant(&format!("held-{i}"), now).unwrap();
         held.push(LeaseFields::from_params(g.slot, Some(g.nonce.as_int64())).unwrap());
     }
-    let mut verifier = LeaseVerifier::new(&mut d, 64, 4).unwrap();
+    let mut verifier =
+        LeaseVerifier::new(&mut d, &kvlease::testkit::verifier_config(64, 4)).unwrap();
     let mut got = [0u64; 5];
     let mut rng_gen = SplitMix64::new(0x5eed_u64);
 

@@ -97,7 +97,8 @@ fn verifier_slot_reads_allocate_nothing_after_warm_up() {
         std::thread::sleep(Duration::from_millis(1));
     };
     let target = VerifyTarget::from_peer(agent, &info).expect("P exports slots");
-    let mut v = LeaseVerifier::new(&mut d, 16, 4).expect("verifier");
+    let mut v =
+        LeaseVerifier::new(&mut d, &kvlease::testkit::verifier_config(16, 4)).expect("verifier");
 
     let mut rng_gen = SplitMix64::new(0x2545_f491_4f6c_dd1du64);
     let mut verdicts = [0u32; 2];

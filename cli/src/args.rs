@@ -271,13 +271,14 @@ impl SimArgs {
         }
         let mapping = TpMapping::new(self.d_tp, self.p_tp)
             .map_err(|e| format!("--p-tp {} / --d-tp {}: {e}", self.p_tp, self.d_tp))?;
-        if mapping.fan_out() > kvlease::consumer::MAX_TARGETS as u32 {
+        // The simulator runs with the default kv_lease_max_fan_out.
+        let max_fan_out = kvlease::config::DEFAULT_MAX_FAN_OUT;
+        if mapping.fan_out() > max_fan_out {
             return Err(format!(
-                "--p-tp {} / --d-tp {}: a D worker would read from {} P ranks; at most {} are supported",
+                "--p-tp {} / --d-tp {}: a D worker would read from {} P ranks; at most {max_fan_out} (kv_lease_max_fan_out) are supported",
                 self.p_tp,
                 self.d_tp,
                 mapping.fan_out(),
-                kvlease::consumer::MAX_TARGETS
             ));
         }
         let fleet = Fleet {

@@ -33,7 +33,7 @@ fn bad_fleet_flags_are_refused() {
     refused(&["--engines", "a:b"], "whole number");
     refused(&["--engines", "600:600"], "workers");
     refused(&["--p-tp", "3", "--d-tp", "2"], "--p-tp 3 / --d-tp 2");
-    refused(&["--p-tp", "16", "--d-tp", "1"], "at most 8");
+    refused(&["--p-tp", "32", "--d-tp", "1"], "at most 16");
     refused(&["--p-tp", "0"], "--p-tp");
     refused(&["--p-blocks", "2"], "--p-blocks");
     refused(&["--d-max-seqs", "0"], "--d-max-seqs");

@@ -127,7 +127,7 @@ fn check_tracker(data: &[u8]) {
     if c.validate().is_err() {
         return;
     }
-    let mut t = HeartbeatTracker::new(&c);
+    let mut t = HeartbeatTracker::new(&c, 1).expect("tracker");
     let mut now = Instant::from_secs(1);
     let mut buf = vec![0u8; 1 << 14];
     for op in program::<TrackerOp>(data) {

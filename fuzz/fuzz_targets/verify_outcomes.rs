@@ -50,8 +50,9 @@ fn check(bytes: &[u8]) {
     if c.validate().is_err() {
         return;
     }
-    let mut t = HeartbeatTracker::new(&c);
-    t.set_workers(1 + msg.seq() % 3);
+    let Ok(mut t) = HeartbeatTracker::new(&c, 1 + msg.seq() % 3) else {
+        return;
+    };
     for d in ["a", "b", "c", "\u{0}", "ab"] {
         let params = RemotePrefillParams {
             do_remote_prefill: true,

@@ -19,6 +19,7 @@
 //! | `kv_lease_max_hold` | off | ceiling on how long heartbeats can keep one lease alive, whole seconds (`600` or `600.0`) |
 //! | `kv_lease_max_tracked_requests` | 65,536 | requests D heartbeats at once (waiting ones included) |
 //! | `kv_lease_max_remote_engines` | 64 | distinct P engines D heartbeats at once |
+//! | `kv_lease_max_fan_out` | 16 | most P ranks one D rank reads from, heartbeats and verifies for one request (P TP / D TP × P PP), 1..=64; the sender and the verifier both take this one number |
 //! | `kv_lease_turn2_safety_margin` | 5 | P declines a turn-2 read this close to D's deadline (plus the clock bound), seconds (any positive number); vLLM's `_KV_BLOCKS_EXPIRY_SAFETY_MARGIN` |
 //! | `kv_lease_clock_drift_ppm` | 100 | how fast P assumes two hosts' clocks drift apart, ppm (0..=1,000,000): a clock sample's bound grows by this much of its age |
 //!
@@ -113,6 +114,11 @@ pub struct LeaseConfig {
     pub max_tracked_requests: u32,
     /// `kv_lease_max_remote_engines`: P engines D heartbeats at once.
     pub max_remote_engines: u32,
+    /// `kv_lease_max_fan_out`: most P ranks one D rank reads from for one
+    /// request (`P TP / D TP` when P's TP is larger, times P's PP size). The
+    /// heartbeat sender and the lease verifier are sized by this one number;
+    /// a remote engine beyond it is refused by both alike.
+    pub max_fan_out: u32,
     /// `kv_lease_turn2_safety_margin`: P declines a turn-2 read that would
     /// start this close to D's deadline (plus the clock bound).
     pub turn2_safety_margin: Duration,
@@ -135,6 +141,9 @@ pub struct LeaseConfig {
 /// [`crate::consumer::TrackerCounters::not_heartbeated`].
 pub const DEFAULT_MAX_TRACKED_REQUESTS: u32 = 1 << 16;
 
+/// Default `kv_lease_max_fan_out`: P TP 16 read by D TP 1, or P TP 4 × PP 4.
+pub const DEFAULT_MAX_FAN_OUT: u32 = 16;
+
 /// Upper limits on capacities, so that a typo cannot ask for terabytes at
 /// construction. Each is far above any engine we know of.
 pub mod limits {
@@ -144,6 +153,9 @@ pub mod limits {
     pub const MAX_REQUEST_ID_LEN: u16 = 1024;
     /// Most remote engines one decoder heartbeats.
     pub const MAX_REMOTE_ENGINES: u32 = 1 << 16;
+    /// Most P ranks one D rank reads from for one request
+    /// (`kv_lease_max_fan_out`): a check's pending ranks are one `u64` mask.
+    pub const MAX_FAN_OUT: u32 = 64;
     /// Coarsest wheel tick: one second.
     pub const MAX_WHEEL_TICK_MS: u32 = 1000;
     /// Shortest lease: anything shorter makes vLLM's interval `duration // 6` zero.
@@ -212,6 +224,7 @@ const KNOWN_KEYS: &[&str] = &[
     "kv_lease_max_hold",
     "kv_lease_max_tracked_requests",
     "kv_lease_max_remote_engines",
+    "kv_lease_max_fan_out",
     "kv_lease_turn2_safety_margin",
     "kv_lease_clock_drift_ppm",
 ];
@@ -238,6 +251,7 @@ impl LeaseConfig {
             max_hold_secs: None,
             max_tracked_requests: DEFAULT_MAX_TRACKED_REQUESTS,
             max_remote_engines: 64,
+            max_fan_out: DEFAULT_MAX_FAN_OUT,
             turn2_safety_margin: Duration::from_secs(5),
             clock_drift_ppm: 100,
         }
@@ -400,6 +414,13 @@ impl LeaseConfig {
             1,
             u64::from(MAX_REMOTE_ENGINES),
             "must be 1..=65536",
+        )?;
+        range(
+            "kv_lease_max_fan_out",
+            u64::from(self.max_fan_out),
+            1,
+            u64::from(MAX_FAN_OUT),
+            "must be 1..=64 P ranks per D rank",
         )?;
         Ok(())
     }

@@ -88,6 +88,7 @@ impl LeaseConfig {
                 "kv_lease_max_remote_engines" => {
                     c.max_remote_engines = u32_key("kv_lease_max_remote_engines", v)?
                 }
+                "kv_lease_max_fan_out" => c.max_fan_out = u32_key("kv_lease_max_fan_out", v)?,
                 "kv_lease_turn2_safety_margin" => {
                     c.turn2_safety_margin =
                         secs("kv_lease_turn2_safety_margin", v, 0.0, RULE_MARGIN)?
@@ -330,7 +331,10 @@ fn non_finite_token(rest: &str) -> Option<(&str, &'static str)> {
         .take_while(|c| c.is_ascii_digit() || matches!(c, b'-' | b'+' | b'.' | b'e' | b'E'))
         .count();
     let token = &rest[..len];
-    let starts_number = token.bytes().next().is_some_and(|c| c == b'-' || c.is_ascii_digit());
+    let starts_number = token
+        .bytes()
+        .next()
+        .is_some_and(|c| c == b'-' || c.is_ascii_digit());
     match token.parse::<f64>() {
         Ok(f) if starts_number && f.is_infinite() => Some((
             token,

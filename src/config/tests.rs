@@ -362,7 +362,7 @@ fn hand_built_config_with_huge_duration_never_panics() {
             1,
             "a deadline past the end of time never fires"
         );
-        let mut tracker = crate::consumer::HeartbeatTracker::new(&c);
+        let mut tracker = crate::consumer::HeartbeatTracker::new(&c, 1).expect("tracker");
         let params = crate::consumer::RemotePrefillParams {
             do_remote_prefill: true,
             remote_engine_id: Some("p0"),

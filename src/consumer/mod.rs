@@ -52,7 +52,7 @@
 //! let now = Instant::from_secs(1);
 //!
 //! // D scheduler: a request with do_remote_prefill arrives (before it is scheduled).
-//! let mut tracker = HeartbeatTracker::new(&config);
+//! let mut tracker = HeartbeatTracker::new(&config, 1).expect("tracker");
 //! let params = RemotePrefillParams {
 //!     do_remote_prefill: true,
 //!     remote_engine_id: Some("prefill-0"),
@@ -110,9 +110,10 @@ pub use sender::{
 };
 pub use tracker::{
     ApplyReport, EngineBatch, EngineHandle, EngineKey, HeartbeatTracker, ParamProblem,
-    RemotePrefillParams, TrackError, TrackOutcome, TrackedRemote, TrackerCounters, INLINE_ID_LEN,
-    MAX_HOST_LEN,
+    RemotePrefillParams, TrackError, TrackOutcome, TrackedRemote, TrackerCounters, TrackerError,
+    INLINE_ID_LEN, MAX_HOST_LEN,
 };
 pub use verifier::{
-    LeaseVerifier, Verdict, VerifierCounters, VerifyError, VerifyTarget, MAX_TARGETS, WINDOW_SLOTS,
+    LeaseVerifier, Verdict, VerifierConfig, VerifierCounters, VerifyError, VerifyTarget,
+    MAX_TARGETS, WINDOW_SLOTS,
 };

@@ -191,6 +191,17 @@ pub enum IpcError {
         /// The header's `from`.
         found: u32,
     },
+    /// An outcome message from a worker rank the tracker was not built for:
+    /// its requests fail (see `HeartbeatTracker::apply_outcomes`).
+    #[error(
+        "verify outcomes from D worker {rank}, but the tracker aggregates workers 0..{workers}"
+    )]
+    UnknownWorker {
+        /// The header's `from`.
+        rank: u32,
+        /// The worker count the tracker was built with.
+        workers: u32,
+    },
     /// The caller's buffer cannot hold the message; nothing was consumed.
     #[error("buffer too small for the role message ({needed} bytes needed)")]
     BufferTooSmall {

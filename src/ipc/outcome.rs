@@ -17,7 +17,8 @@
 //!       0    4 id_offset  the D-side request id in the id area
 //!       4    2 id_len     non-empty
 //!       6    1 verdict    1 verified, 2 lapsed, 3 unverifiable,
-//!                         4 slot out of range, 5 read failed
+//!                         4 slot out of range, 5 read failed,
+//!                         6 unchecked (verification off)
 //!       7    1 error      read failed: the FabricError (below), else 0
 //!       8    4 backend    error 12: the backend's status code (i32), else 0
 //!      12    4 reserved   0
@@ -93,6 +94,7 @@ fn verdict_code(v: Verdict) -> (u8, u8, i32) {
             let (code, backend) = e.code();
             (5, code, backend)
         }
+        Verdict::Unchecked => (6, 0, 0),
     }
 }
 
@@ -116,6 +118,7 @@ fn verdict_from(r: &Record) -> Result<Verdict, &'static str> {
             }
             None => Err("unknown fabric error code"),
         },
+        6 => plain(Verdict::Unchecked),
         _ => Err("unknown verdict"),
     }
 }

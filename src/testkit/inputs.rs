@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::config::{EngineShape, LeaseConfig};
-use crate::consumer::RemotePrefillParams;
+use crate::consumer::{RemotePrefillParams, VerifierConfig};
 use crate::fabric::{ReadDesc, RegionId};
 use crate::slots::LeaseSlots;
 
@@ -58,6 +58,16 @@ pub fn d_side_config(
     c
 }
 
+/// A verifying verifier's sizing for tests: `capacity` checks against up to
+/// `max_agents` P agents, with the default fan-out limit.
+pub fn verifier_config(capacity: u32, max_agents: u32) -> VerifierConfig {
+    let c = LeaseConfig::new(EngineShape {
+        num_kv_blocks: 64,
+        max_num_seqs: 8,
+    });
+    VerifierConfig::new(&c, capacity, max_agents)
+}
+
 /// vLLM's `kv_transfer_params` for a request prefilled remotely as `p_id`
 /// on `engine` at `host:port`, whose P runs tensor parallel `p_tp`.
 pub fn remote_prefill<'a>(
@@ -97,4 +107,10 @@ pub fn slot_word_descs(
             len: 8,
         })
         .collect()
+}
+
+/// Writes `nonce` into `slot` of a remote slot array, as a P rank's grant
+/// does (the verifier's tests stand in for P).
+pub fn publish_slot(slots: &LeaseSlots, slot: u32, nonce: u64) {
+    slots.publish(slot, nonce);
 }

@@ -58,7 +58,8 @@ mod fake_fabric;
 mod inputs;
 pub use fake_fabric::{Agent, FakeFabric, Policy, PostedRead, Sent};
 pub use inputs::{
-    d_side_config, p_side_config, remote_prefill, six_second_leases, slot_word_descs,
+    d_side_config, p_side_config, publish_slot, remote_prefill, six_second_leases, slot_word_descs,
+    verifier_config,
 };
 
 /// Distinct request ids the operations draw from; the last one is too long.

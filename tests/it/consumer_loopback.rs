@@ -60,7 +60,7 @@ impl Deployment {
         .unwrap();
         Deployment {
             net,
-            tracker: HeartbeatTracker::new(&config),
+            tracker: HeartbeatTracker::new(&config, 1).expect("tracker"),
             config,
             book,
             p_agents,

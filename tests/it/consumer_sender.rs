@@ -75,7 +75,7 @@ fn connect(
 
 #[test]
 fn p_tp4_d_tp2_each_d_rank_heartbeats_two_p_ranks() {
-    let mut t = HeartbeatTracker::new(&lease_config());
+    let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
     t.on_new_request("d1", &params("eng", "p1", 4), T0).unwrap();
     t.on_new_request("d2", &params("eng", "p2", 4), T0).unwrap();
     let mut s0 = sender(fabric(), 2, 0);
@@ -112,7 +112,7 @@ fn p_tp4_d_tp2_each_d_rank_heartbeats_two_p_ranks() {
 
 #[test]
 fn p_tp2_d_tp4_each_d_rank_heartbeats_one_p_rank() {
-    let mut t = HeartbeatTracker::new(&lease_config());
+    let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
     t.on_new_request("d1", &params("eng", "p1", 2), T0).unwrap();
     let mut senders: Vec<_> = (0..4).map(|r| sender(fabric(), 4, r)).collect();
     for now in [T0, T0 + ms(10)] {
@@ -140,7 +140,7 @@ fn equal_tp_each_d_rank_heartbeats_its_own_p_rank() {
     for rank in 0..2 {
         let mut s = sender(fabric(), 2, rank);
         // A fresh tracker per rank keeps this simple: each is due at once.
-        let mut t = HeartbeatTracker::new(&lease_config());
+        let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
         t.on_new_request("d1", &params("eng", "p1", 2), T0).unwrap();
         connect(&mut s, &mut t);
         let sent: Vec<(&str, &[u8])> = s.fabric().sent().collect();
@@ -153,7 +153,7 @@ fn equal_tp_each_d_rank_heartbeats_its_own_p_rank() {
 
 #[test]
 fn handshake_first_then_send_at_the_first_step_it_is_ready() {
-    let mut t = HeartbeatTracker::new(&lease_config());
+    let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
     t.on_new_request("d1", &params("eng", "p1", 1), T0).unwrap();
     let mut f = fabric();
     f.set_default_policy(Policy {
@@ -197,7 +197,7 @@ fn handshake_first_then_send_at_the_first_step_it_is_ready() {
 
 #[test]
 fn a_failed_handshake_backs_off_exponentially_up_to_the_cap() {
-    let mut t = HeartbeatTracker::new(&lease_config());
+    let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
     t.on_new_request("d1", &params("eng", "p1", 1), T0).unwrap();
     let mut f = fabric();
     f.set_default_policy(Policy {
@@ -251,7 +251,7 @@ fn a_failed_handshake_backs_off_exponentially_up_to_the_cap() {
 
 #[test]
 fn compact_form_only_when_the_peer_takes_it_and_every_request_is_leased() {
-    let mut t = HeartbeatTracker::new(&lease_config());
+    let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
     t.on_new_request("d1", &leased("eng", "p1", 7, 0xff), T0)
         .unwrap();
     t.on_new_request("d2", &leased("eng", "p2", 9, 0x1234), T0)
@@ -282,7 +282,7 @@ fn compact_form_only_when_the_peer_takes_it_and_every_request_is_leased() {
 
 #[test]
 fn a_peer_without_compact_support_gets_text_even_when_all_are_leased() {
-    let mut t = HeartbeatTracker::new(&lease_config());
+    let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
     t.on_new_request("d1", &leased("eng", "p1", 7, 0xff), T0)
         .unwrap();
     let mut s = sender(fabric(), 1, 0);
@@ -292,7 +292,7 @@ fn a_peer_without_compact_support_gets_text_even_when_all_are_leased() {
 
 #[test]
 fn a_large_batch_is_split_to_the_fabric_limit() {
-    let mut t = HeartbeatTracker::new(&lease_config());
+    let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
     let ids_in: Vec<String> = (0..100).map(|i| format!("cmpl-{i:04}-abcdef")).collect();
     for (i, p) in ids_in.iter().enumerate() {
         t.on_new_request(&format!("d{i}"), &params("eng", p, 1), T0)
@@ -316,7 +316,7 @@ fn a_large_batch_is_split_to_the_fabric_limit() {
 
 #[test]
 fn an_owed_heartbeat_is_dropped_when_its_engine_disappears() {
-    let mut t = HeartbeatTracker::new(&lease_config());
+    let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
     t.on_new_request("d1", &params("eng", "p1", 1), T0).unwrap();
     let mut f = fabric();
     f.set_default_policy(Policy {
@@ -338,7 +338,7 @@ fn an_owed_heartbeat_is_dropped_when_its_engine_disappears() {
 
 #[test]
 fn a_send_that_loses_the_connection_goes_back_through_the_handshake() {
-    let mut t = HeartbeatTracker::new(&lease_config());
+    let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
     t.on_new_request("d1", &params("eng", "p1", 1), T0).unwrap();
     let mut f = fabric();
     f.set_default_policy(Policy {
@@ -367,7 +367,7 @@ fn a_send_that_loses_the_connection_goes_back_through_the_handshake() {
 
 #[test]
 fn a_full_queue_keeps_the_peer_and_retries_next_step() {
-    let mut t = HeartbeatTracker::new(&lease_config());
+    let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
     t.on_new_request("d1", &params("eng", "p1", 1), T0).unwrap();
     let mut f = fabric();
     f.set_default_policy(Policy {
@@ -390,7 +390,7 @@ fn a_full_queue_keeps_the_peer_and_retries_next_step() {
 
 #[test]
 fn unmappable_tp_and_excess_fan_out_are_typed_and_counted() {
-    let mut t = HeartbeatTracker::new(&lease_config());
+    let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
     t.on_new_request("d1", &params("odd", "p1", 3), T0).unwrap();
     t.on_new_request("d2", &params("wide", "p2", 64), T0)
         .unwrap();
@@ -440,7 +440,7 @@ fn a_bad_local_rank_is_refused_at_construction() {
 
 #[test]
 fn the_engine_supplies_the_address_format() {
-    let mut t = HeartbeatTracker::new(&lease_config());
+    let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
     t.on_new_request("d1", &params("eng", "p1", 2), T0).unwrap();
     let addr = |k: &EngineKey<'_>, rank: u32, out: &mut dyn fmt::Write| {
         write!(out, "agent-{}-{}", k.engine_id, rank)
@@ -468,7 +468,7 @@ fn an_address_that_does_not_fit_backs_off_instead_of_panicking() {
             Ok(())
         }
     }
-    let mut t = HeartbeatTracker::new(&lease_config());
+    let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
     t.on_new_request("d1", &params("eng", "p1", 1), T0).unwrap();
     let cfg = SenderConfig::new(&lease_config(), 1, 0);
     let mut s = HeartbeatSender::new(fabric(), Long, cfg).unwrap();
@@ -488,7 +488,7 @@ fn an_address_that_does_not_fit_backs_off_instead_of_panicking() {
 fn a_reused_engine_slot_starts_over_with_the_new_engine() {
     let mut cfg = lease_config();
     cfg.max_remote_engines = 1;
-    let mut t = HeartbeatTracker::new(&cfg);
+    let mut t = HeartbeatTracker::new(&cfg, 1).expect("tracker");
     let scfg = SenderConfig::new(&cfg, 1, 0);
     let mut s = HeartbeatSender::new(fabric(), DefaultPeerAddress, scfg).unwrap();
     t.on_new_request("d1", &params("engA", "p1", 1), T0)
@@ -553,7 +553,7 @@ fn hostile_fabrics_and_engines_never_panic() {
         });
         let mut cfg = lease_config();
         cfg.max_remote_engines = 4;
-        let mut t = HeartbeatTracker::new(&cfg);
+        let mut t = HeartbeatTracker::new(&cfg, 1).expect("tracker");
         let local_tp = [1, 2, 4][(round % 3) as usize];
         let scfg = SenderConfig::new(&cfg, local_tp, (round % local_tp as u64) as u32);
         let mut s = HeartbeatSender::new(f, DefaultPeerAddress, scfg).unwrap();
@@ -643,7 +643,7 @@ fn step_errors_display_and_chain_their_source() {
 
 #[test]
 fn a_gone_notice_drops_only_that_engines_debt() {
-    let mut t = HeartbeatTracker::new(&lease_config());
+    let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
     t.on_new_request("d1", &params("eng", "p1", 1), T0).unwrap();
     let mut f = fabric();
     f.set_default_policy(Policy {

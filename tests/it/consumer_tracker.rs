@@ -46,7 +46,7 @@ const T0: Instant = Instant::from_secs(100);
 
 #[test]
 fn requests_are_grouped_per_engine_with_a_reverse_map() {
-    let mut t = HeartbeatTracker::new(&config(16, 4));
+    let mut t = HeartbeatTracker::new(&config(16, 4), 1).expect("tracker");
     for (d, e, p) in [
         ("d1", "engA", "p1"),
         ("d2", "engB", "p2"),
@@ -72,7 +72,7 @@ fn requests_are_grouped_per_engine_with_a_reverse_map() {
 
 #[test]
 fn same_engine_id_on_another_host_port_or_tp_is_another_engine() {
-    let mut t = HeartbeatTracker::new(&config(16, 8));
+    let mut t = HeartbeatTracker::new(&config(16, 8), 1).expect("tracker");
     let base = params("eng", "p1");
     t.on_new_request("d1", &base, T0).unwrap();
     let other_host = RemotePrefillParams {
@@ -104,7 +104,7 @@ fn same_engine_id_on_another_host_port_or_tp_is_another_engine() {
 
 #[test]
 fn parallel_sizes_are_preserved() {
-    let mut t = HeartbeatTracker::new(&config(16, 4));
+    let mut t = HeartbeatTracker::new(&config(16, 4), 1).expect("tracker");
     let p = RemotePrefillParams {
         tp_size: Some(4),
         pp_size: Some(2),
@@ -137,7 +137,7 @@ fn parallel_sizes_are_preserved() {
 
 #[test]
 fn non_prefill_requests_and_incomplete_params_are_not_tracked() {
-    let mut t = HeartbeatTracker::new(&config(16, 4));
+    let mut t = HeartbeatTracker::new(&config(16, 4), 1).expect("tracker");
     let local = RemotePrefillParams {
         do_remote_prefill: false,
         ..params("engA", "p1")
@@ -214,7 +214,7 @@ fn non_prefill_requests_and_incomplete_params_are_not_tracked() {
 
 #[test]
 fn partial_and_full_stop() {
-    let mut t = HeartbeatTracker::new(&config(16, 4));
+    let mut t = HeartbeatTracker::new(&config(16, 4), 1).expect("tracker");
     for (d, p) in [("d1", "p1"), ("d2", "p2"), ("d3", "p3")] {
         t.on_new_request(d, &params("engA", p), T0).unwrap();
     }
@@ -238,7 +238,7 @@ fn first_step_sends_then_throttled_by_the_interval() {
     let cfg = config(16, 4);
     let interval = cfg.heartbeat_interval();
     assert_eq!(interval, Duration::from_secs(5));
-    let mut t = HeartbeatTracker::new(&cfg);
+    let mut t = HeartbeatTracker::new(&cfg, 1).expect("tracker");
     t.on_new_request("d1", &params("engA", "p1"), T0).unwrap();
     // First step after tracking starts: due at once.
     assert_eq!(due(&mut t, T0).len(), 1);
@@ -266,7 +266,7 @@ fn first_step_sends_then_throttled_by_the_interval() {
 
 #[test]
 fn a_clock_that_goes_backwards_does_not_silence_an_engine() {
-    let mut t = HeartbeatTracker::new(&config(16, 4));
+    let mut t = HeartbeatTracker::new(&config(16, 4), 1).expect("tracker");
     t.on_new_request("d1", &params("engA", "p1"), T0).unwrap();
     assert_eq!(due(&mut t, Instant::from_secs(1000)).len(), 1);
     // Far earlier `now` (a caller bug): due rather than silent until 1005 s.
@@ -276,7 +276,7 @@ fn a_clock_that_goes_backwards_does_not_silence_an_engine() {
 
 #[test]
 fn stop_on_transfer_complete_and_on_request_finished() {
-    let mut t = HeartbeatTracker::new(&config(16, 4));
+    let mut t = HeartbeatTracker::new(&config(16, 4), 1).expect("tracker");
     t.on_new_request("d1", &params("engA", "p1"), T0).unwrap();
     t.on_new_request("d2", &params("engA", "p2"), T0).unwrap();
     assert!(t.on_transfer_complete("d1"));
@@ -298,7 +298,7 @@ fn stop_on_transfer_complete_and_on_request_finished() {
 
 #[test]
 fn an_engine_disappears_when_empty_and_comes_back_fresh() {
-    let mut t = HeartbeatTracker::new(&config(16, 1));
+    let mut t = HeartbeatTracker::new(&config(16, 1), 1).expect("tracker");
     t.on_new_request("d1", &params("engA", "p1"), T0).unwrap();
     let old = t.engine_of("d1").unwrap().handle();
     assert_eq!(due(&mut t, T0).len(), 1);
@@ -324,7 +324,7 @@ fn an_engine_disappears_when_empty_and_comes_back_fresh() {
 
 #[test]
 fn capacity_exhaustion_is_typed_and_counted() {
-    let mut t = HeartbeatTracker::new(&config(3, 2));
+    let mut t = HeartbeatTracker::new(&config(3, 2), 1).expect("tracker");
     t.on_new_request("d1", &params("engA", "p1"), T0).unwrap();
     t.on_new_request("d2", &params("engB", "p2"), T0).unwrap();
     assert_eq!(
@@ -360,7 +360,7 @@ fn capacity_exhaustion_is_typed_and_counted() {
 
 #[test]
 fn bad_ids_hosts_and_sizes_are_refused() {
-    let mut t = HeartbeatTracker::new(&config(8, 4));
+    let mut t = HeartbeatTracker::new(&config(8, 4), 1).expect("tracker");
     let long = "x".repeat(49);
     let host = "h".repeat(256);
     let p = params("engA", "p1");
@@ -417,6 +417,24 @@ fn bad_ids_hosts_and_sizes_are_refused() {
             "tp_size",
             ParamProblem::Zero,
         ),
+        (
+            "d",
+            RemotePrefillParams {
+                pp_size: Some(0),
+                ..p
+            },
+            "pp_size",
+            ParamProblem::Zero,
+        ),
+        (
+            "d",
+            RemotePrefillParams {
+                dcp_size: Some(0),
+                ..p
+            },
+            "dcp_size",
+            ParamProblem::Zero,
+        ),
     ];
     let n = cases.len() as u64;
     for (d, params, field, problem) in cases {
@@ -431,7 +449,7 @@ fn bad_ids_hosts_and_sizes_are_refused() {
 
 #[test]
 fn leases_are_reported_and_compact_only_when_every_request_has_one() {
-    let mut t = HeartbeatTracker::new(&config(8, 4));
+    let mut t = HeartbeatTracker::new(&config(8, 4), 1).expect("tracker");
     let leased = |p, slot, nonce| RemotePrefillParams {
         remote_lease_slot: Some(slot),
         remote_lease_nonce: Some(nonce),
@@ -493,7 +511,7 @@ fn model_churn(max_id_len: u16, max_pad: u64) {
     let interval = Duration::from_secs(5);
     let mut cfg = config(64, 6);
     cfg.max_request_id_len = max_id_len;
-    let mut t = HeartbeatTracker::new(&cfg);
+    let mut t = HeartbeatTracker::new(&cfg, 1).expect("tracker");
     // model: d id -> (engine, p id); engine -> next due.
     let mut reqs: BTreeMap<String, (String, String)> = BTreeMap::new();
     let mut next_due: BTreeMap<String, Instant> = BTreeMap::new();
@@ -588,7 +606,7 @@ fn hostile_inputs_never_panic() {
             .map(|_| ALPHABET[(next() % ALPHABET.len() as u64) as usize])
             .collect()
     };
-    let mut t = HeartbeatTracker::new(&config(32, 4));
+    let mut t = HeartbeatTracker::new(&config(32, 4), 1).expect("tracker");
     let mut now = T0;
     for _ in 0..50_000 {
         let r = next();
@@ -660,7 +678,7 @@ fn default_config_tracks_4_engines_x_600_waiting_requests() {
         .unwrap()
         .config;
     for config in [LeaseConfig::new(shape), from_json] {
-        let mut t = HeartbeatTracker::new(&config);
+        let mut t = HeartbeatTracker::new(&config, 1).expect("tracker");
         let engines = ["p0", "p1", "p2", "p3"];
         for (e, engine) in engines.iter().enumerate() {
             for i in 0..600 {
@@ -696,7 +714,7 @@ fn lease_fields_come_from_both_params_or_none() {
     p.remote_lease_nonce = Some(9);
     let f = p.lease_fields().unwrap();
     assert_eq!((f.slot, f.nonce), (4, Nonce::new(9).unwrap()));
-    let mut t = HeartbeatTracker::new(&config(4, 2));
+    let mut t = HeartbeatTracker::new(&config(4, 2), 1).expect("tracker");
     t.on_new_request("d1", &p, T0).unwrap();
     assert_eq!(t.remote_of("d1").unwrap().lease, Some(f));
 }

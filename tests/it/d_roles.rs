@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use kvlease::consumer::{
     BatchReason, DefaultPeerAddress, EngineHandle, HeartbeatSender, HeartbeatTracker,
-    RemotePrefillParams, SenderConfig, Verdict,
+    RemotePrefillParams, SenderConfig, TrackerError, Verdict,
 };
 use kvlease::fabric::FabricError;
 use kvlease::ipc::outcome::{self, Outcome, OutcomeMsg};
@@ -88,7 +88,10 @@ fn planned_by_plan(t: &mut HeartbeatTracker, now: Instant) -> (Planned, Vec<(u32
 #[test]
 fn the_plan_carries_exactly_what_due_hands_out() {
     let cfg = lease_config(4);
-    let (mut a, mut b) = (HeartbeatTracker::new(&cfg), HeartbeatTracker::new(&cfg));
+    let (mut a, mut b) = (
+        HeartbeatTracker::new(&cfg, 1).expect("tracker"),
+        HeartbeatTracker::new(&cfg, 1).expect("tracker"),
+    );
     let mut rng = SplitMix64::new(0x1234_5678_9abc_def1u64);
     let mut next = move || rng.next_u64();
     let mut now = T0;
@@ -149,7 +152,7 @@ fn the_plan_carries_exactly_what_due_hands_out() {
 
 #[test]
 fn an_owed_engine_is_planned_again_until_served_and_a_stale_one_is_gone() {
-    let mut t = HeartbeatTracker::new(&lease_config(4));
+    let mut t = HeartbeatTracker::new(&lease_config(4), 1).expect("tracker");
     t.on_new_request("d1", &params("eng", "p1", 1), T0).unwrap();
     let handle = t.engine_of("d1").unwrap().handle();
     let mut buf = Vec::new();
@@ -235,11 +238,10 @@ fn step_and_the_byte_path_send_the_same_heartbeats() {
     let cfg = lease_config(4);
     let scfg = SenderConfig::new(&cfg, 2, 1);
     // A: one process.
-    let mut ta = HeartbeatTracker::new(&cfg);
+    let mut ta = HeartbeatTracker::new(&cfg, 1).expect("tracker");
     let mut sa = Sender::new(make_fabric(), DefaultPeerAddress, scfg).unwrap();
     // B: scheduler and worker apart, only bytes between them.
-    let mut tb = HeartbeatTracker::new(&cfg);
-    tb.set_workers(2);
+    let mut tb = HeartbeatTracker::new(&cfg, 2).expect("tracker");
     let mut sb = Sender::new(make_fabric(), DefaultPeerAddress, scfg).unwrap();
     let mut plan_buf = Vec::new();
 
@@ -303,8 +305,7 @@ fn step_and_the_byte_path_send_the_same_heartbeats() {
 #[test]
 fn an_owed_engine_is_served_only_by_the_worker_that_owes_it() {
     let cfg = lease_config(4);
-    let mut t = HeartbeatTracker::new(&cfg);
-    t.set_workers(2);
+    let mut t = HeartbeatTracker::new(&cfg, 2).expect("tracker");
     t.on_new_request("d1", &params("eng", "p1", 2), T0).unwrap();
     let mut slow = FakeFabric::new(4096, 8, 64, 1 << 16);
     slow.set_default_policy(Policy {
@@ -361,8 +362,7 @@ fn outcome_msg(rank: u32, outcomes: &[(&str, Verdict)], owed: &[EngineHandle]) -
 
 #[test]
 fn a_request_is_received_once_every_worker_verified_it() {
-    let mut t = HeartbeatTracker::new(&lease_config(4));
-    t.set_workers(2);
+    let mut t = HeartbeatTracker::new(&lease_config(4), 2).expect("tracker");
     for d in ["d1", "d2", "d3"] {
         t.on_new_request(d, &params("eng", &format!("p-{d}"), 1), T0)
             .unwrap();
@@ -435,18 +435,25 @@ fn a_request_is_received_once_every_worker_verified_it() {
         (8, 2, 1, 2)
     );
     assert_eq!(c.stopped_transfer_complete, 1);
-    // A rank beyond the workers: refused whole, nothing applied.
+    // A rank beyond the workers: the request it names fails (it cannot be
+    // vouched for), its owed engines are ignored, the error is typed.
     t.on_new_request("d4", &params("eng", "p4", 1), T0).unwrap();
+    t.on_new_request("d5", &params("eng", "p5", 1), T0).unwrap();
     let handle = t.engine_of("d4").unwrap().handle();
-    let bytes = outcome_msg(2, &[("d4", Verdict::Lapsed)], &[handle]);
+    let bytes = outcome_msg(2, &[("d4", Verdict::Verified)], &[handle]);
+    let mut failed = Vec::new();
     assert_eq!(
-        t.apply_outcomes(&OutcomeMsg::decode(&bytes).unwrap(), |_, _| {}),
-        Err(IpcError::WrongSender {
-            expected: 2,
-            found: 2
+        t.apply_outcomes(&OutcomeMsg::decode(&bytes).unwrap(), |id, v| {
+            failed.push((id.to_string(), v))
+        }),
+        Err(IpcError::UnknownWorker {
+            rank: 2,
+            workers: 2
         })
     );
-    assert!(t.remote_of("d4").is_some());
+    assert_eq!(failed, [("d4".to_string(), Verdict::Unverifiable)]);
+    assert!(t.remote_of("d4").is_none(), "tracking stopped");
+    assert_eq!(t.counters().outcomes_refused, 1);
     assert_eq!(t.counters().owed_requests, 0);
     // The owed section is applied with the outcomes.
     let bytes = outcome_msg(1, &[], &[handle]);
@@ -456,23 +463,70 @@ fn a_request_is_received_once_every_worker_verified_it() {
     assert_eq!(r.owed_live, 1);
 }
 
+/// Issue 19 item 5: D TP 2. Before, the worker count defaulted to 1 unless
+/// `set_workers` was called: worker 1's message was refused whole with
+/// `WrongSender { expected: 1, found: 1 }`, and worker 0's `Verified` alone
+/// made the request received, its second shard unverified (fail open). Now
+/// the count is part of construction, and the request is received only once
+/// both workers verified.
 #[test]
-fn one_worker_is_the_default_and_the_count_is_clamped() {
-    let mut t = HeartbeatTracker::new(&lease_config(4));
-    assert_eq!(t.workers(), 1);
-    t.on_new_request("d1", &params("eng", "p1", 1), T0).unwrap();
-    let bytes = outcome_msg(0, &[("d1", Verdict::Verified)], &[]);
+fn d_tp2_needs_both_workers_and_never_fails_open() {
+    let mut t = HeartbeatTracker::new(&lease_config(4), 2).expect("tracker");
+    t.on_new_request("d1", &params("eng", "p1", 2), T0).unwrap();
     let mut got = Vec::new();
-    t.apply_outcomes(&OutcomeMsg::decode(&bytes).unwrap(), |id, v| {
+    let w0 = outcome_msg(0, &[("d1", Verdict::Verified)], &[]);
+    let r = t
+        .apply_outcomes(&OutcomeMsg::decode(&w0).unwrap(), |id, v| {
+            got.push((id.to_string(), v))
+        })
+        .unwrap();
+    assert_eq!((r.received, r.pending), (0, 1), "one shard is not enough");
+    assert!(got.is_empty());
+    let w1 = outcome_msg(1, &[("d1", Verdict::Lapsed)], &[]);
+    t.apply_outcomes(&OutcomeMsg::decode(&w1).unwrap(), |id, v| {
         got.push((id.to_string(), v))
     })
     .unwrap();
-    assert_eq!(got, [("d1".to_string(), Verdict::Verified)]);
-    t.set_workers(0);
-    assert_eq!(t.workers(), 1);
-    t.set_workers(1000);
+    assert_eq!(got, [("d1".to_string(), Verdict::Lapsed)]);
+    assert_eq!(t.counters().loads_verified, 0);
+    assert_eq!(t.counters().loads_failed, 1);
+    // A worker count that cannot be right is refused, not guessed.
+    assert_eq!(
+        HeartbeatTracker::new(&lease_config(4), 0).err(),
+        Some(TrackerError::BadWorkerCount(0))
+    );
+    assert_eq!(
+        HeartbeatTracker::new(&lease_config(4), 65).err(),
+        Some(TrackerError::BadWorkerCount(65))
+    );
+}
+
+/// Issue 19 item 12: with verification off, a worker's share is accepted
+/// unchecked through the same outcome path, and counted apart.
+#[test]
+fn unchecked_shares_are_received_and_counted_as_unverified() {
+    let mut t = HeartbeatTracker::new(&lease_config(4), 2).expect("tracker");
+    t.on_new_request("d1", &params("eng", "p1", 2), T0).unwrap();
+    let mut got = Vec::new();
+    for (rank, v) in [(0, Verdict::Verified), (1, Verdict::Unchecked)] {
+        let m = outcome_msg(rank, &[("d1", v)], &[]);
+        t.apply_outcomes(&OutcomeMsg::decode(&m).unwrap(), |id, v| {
+            got.push((id.to_string(), v))
+        })
+        .unwrap();
+    }
+    assert_eq!(got, [("d1".to_string(), Verdict::Unchecked)]);
+    let c = t.counters();
+    assert_eq!(
+        (c.loads_unverified, c.loads_verified, c.loads_failed),
+        (1, 0, 0)
+    );
+}
+
+#[test]
+fn sixty_four_workers_is_the_most_and_rank_63_counts() {
+    let mut t = HeartbeatTracker::new(&lease_config(4), 64).expect("tracker");
     assert_eq!(t.workers(), 64);
-    // With 64 workers, rank 63 is the last that counts.
     t.on_new_request("d2", &params("eng", "p2", 1), T0).unwrap();
     for rank in 0..64 {
         let bytes = outcome_msg(rank, &[("d2", Verdict::Verified)], &[]);

@@ -140,7 +140,8 @@ impl Deployment {
         let workers = (0..TP)
             .map(|rank| {
                 let mut f = LoopbackFabric::join(&net, &format!("decode/{rank}")).unwrap();
-                let verifier = LeaseVerifier::new(&mut f, 16, 4).unwrap();
+                let verifier =
+                    LeaseVerifier::new(&mut f, &kvlease::testkit::verifier_config(16, 4)).unwrap();
                 let sender = HeartbeatSender::new(
                     f,
                     address as AddressFn,
@@ -157,8 +158,7 @@ impl Deployment {
                 }
             })
             .collect();
-        let mut tracker = HeartbeatTracker::new(&config);
-        tracker.set_workers(TP);
+        let tracker = HeartbeatTracker::new(&config, TP).expect("tracker");
         Deployment {
             net,
             book,
@@ -374,7 +374,7 @@ fn a_bad_slot_fails_only_its_own_check_over_loopback() {
     let a = lease(book.grant("a", now).unwrap()).unwrap();
     let b = lease(book.grant("b", now).unwrap()).unwrap();
     let bad_fields = |slot| LeaseFields::from_params(Some(slot), Some(77));
-    let mut v = LeaseVerifier::new(&mut d, 8, 2).unwrap();
+    let mut v = LeaseVerifier::new(&mut d, &kvlease::testkit::verifier_config(8, 2)).unwrap();
     // Slot `count` (the first past the end) lies within a span window of a
     // and b: before the fix, one span READ running past the region. Slot
     // 5000 does not: before the fix, one 8-byte descriptor per check, one of

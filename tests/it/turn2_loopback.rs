@@ -147,7 +147,7 @@ fn world(verification: bool) -> World {
 
     let landing = leak_words(BLOCK_WORDS);
     let landing_region = register_words(&mut pf, landing);
-    let verifier = LeaseVerifier::new(&mut pf, 16, 4).unwrap();
+    let verifier = LeaseVerifier::new(&mut pf, &kvlease::testkit::verifier_config(16, 4)).unwrap();
     let to_d = pf.start_handshake("D", v(0)).unwrap();
     let mut info = None;
     for ms in 0..100 {

@@ -306,7 +306,7 @@ fn start() -> P {
     let mut f = fabric("p", clock);
     let landing = leak_words(BLOCK_WORDS);
     let landing_region = register_words(&mut f, landing);
-    let verifier = LeaseVerifier::new(&mut f, 16, 4).unwrap();
+    let verifier = LeaseVerifier::new(&mut f, &kvlease::testkit::verifier_config(16, 4)).unwrap();
     let p_addr = f.listen_addr().to_string();
     let child = spawn_test_child(
         &exact_test_name!(turn2_reads_over_real_nixl_between_two_processes),

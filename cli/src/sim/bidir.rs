@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use kvlease::clock_offset::ClockOffset;
 use kvlease::clock_ping::{self, ClockMessage, ClockPinger};
-use kvlease::consumer::{LeaseVerifier, Verdict, VerifyTarget};
+use kvlease::consumer::{LeaseVerifier, Verdict, VerifierConfig, VerifyTarget};
 use kvlease::decoder_cache::{self, DecoderCacheScheduler};
 use kvlease::fabric::loopback::{LoopbackConfig, LoopbackFabric, LoopbackNetwork, ReadFaults};
 use kvlease::fabric::{
@@ -191,8 +191,8 @@ pub fn run(
     // P: landing sets, the verifier, the handshake, the clock estimate.
     let landing_region = register(&mut pf, &landing)?;
     let mut free_landing: Vec<u32> = (0..1024).rev().collect();
-    let mut verifier =
-        LeaseVerifier::new(&mut pf, 1024, 2).map_err(|e| err("verifier")(e.to_string()))?;
+    let mut verifier = LeaseVerifier::new(&mut pf, &VerifierConfig::new(&c, 1024, 2))
+        .map_err(|e| err("verifier")(e.to_string()))?;
     let to_d = pf
         .start_handshake("D", t0)
         .map_err(|e| err("handshake")(e.to_string()))?;

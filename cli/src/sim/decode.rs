@@ -104,8 +104,7 @@ impl DecodeEngine {
         model: &EngineModel,
         net: &Arc<LoopbackNetwork>,
     ) -> Result<DecodeEngine, SimError> {
-        let mut tracker = HeartbeatTracker::new(config);
-        tracker.set_workers(fleet.d_tp);
+        let tracker = HeartbeatTracker::new(config, fleet.d_tp).context("D tracker")?;
         let workers = (0..fleet.d_tp)
             .map(|r| {
                 DecodeWorker::new(

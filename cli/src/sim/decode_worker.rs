@@ -21,7 +21,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kvlease::consumer::{
-    DefaultPeerAddress, HeartbeatSender, LeaseVerifier, SenderConfig, Verdict, VerifyTarget,
+    DefaultPeerAddress, HeartbeatSender, LeaseVerifier, SenderConfig, Verdict, VerifierConfig,
+    VerifyTarget,
 };
 use kvlease::fabric::loopback::{LoopbackFabric, LoopbackNetwork, NodeId};
 use kvlease::fabric::{
@@ -128,8 +129,11 @@ impl DecodeWorker {
             // One agent batch per P rank this worker reads from.
             let agents = p_engines * mapping.fan_out();
             Some(
-                LeaseVerifier::new(sender.fabric_mut(), 4096, agents.max(1))
-                    .context("lease verifier")?,
+                LeaseVerifier::new(
+                    sender.fabric_mut(),
+                    &VerifierConfig::new(config, 4096, agents.max(1)),
+                )
+                .context("lease verifier")?,
             )
         } else {
             None

@@ -11,7 +11,8 @@ pub struct SenderConfig {
     pub local_rank: u32,
     /// Engine slots: must be at least the tracker's `max_remote_engines`.
     pub max_engines: u32,
-    /// Most P ranks one engine maps this rank to (`P TP / D TP`).
+    /// Most P ranks one engine maps this rank to (`P TP / D TP` × P's PP):
+    /// `kv_lease_max_fan_out`, the same number the verifier is sized by.
     pub max_fan_out: u32,
     /// Longest peer address, in bytes.
     pub max_address_len: u32,
@@ -23,7 +24,8 @@ pub struct SenderConfig {
 
 impl SenderConfig {
     /// Defaults for rank `local_rank` of a D instance with TP `local_tp`:
-    /// engine slots from `config.max_remote_engines`, fan-out up to 16,
+    /// engine slots from `config.max_remote_engines`, fan-out from
+    /// `config.max_fan_out` (`kv_lease_max_fan_out`, 16 by default),
     /// addresses up to 512 bytes, backoff from 250 ms doubling up to the
     /// heartbeat interval (so a recovered P is heartbeated again within one
     /// interval, well inside the lease extension).
@@ -33,7 +35,7 @@ impl SenderConfig {
             local_tp,
             local_rank,
             max_engines: config.max_remote_engines,
-            max_fan_out: 16,
+            max_fan_out: config.max_fan_out,
             max_address_len: 512,
             backoff_initial: initial,
             backoff_max: config.heartbeat_interval().max(initial),

@@ -111,7 +111,7 @@ use crate::config::LeaseConfig;
 use crate::fabric::{AgentId, Fabric, FabricError, HandshakeState};
 use crate::ipc::plan::HeartbeatPlan;
 use crate::time::Instant;
-use crate::topology::{TopologyError, TpMapping};
+use crate::topology::{RemoteRanks, TopologyError, TpMapping};
 use crate::wire::{self, WireError};
 
 /// Largest heartbeat message this sender writes, whatever the fabric allows:
@@ -166,11 +166,22 @@ struct Slot {
     /// Whether `generation` is meaningful (the slot has seen an engine).
     used: bool,
     generation: u32,
-    first_rank: u32,
+    /// The P ranks this rank serves for the engine (TP targets on every
+    /// pipeline stage); peer `k` is `targets.get(k)`.
+    targets: RemoteRanks,
     fan_out: u32,
     /// Peers with `owed` set.
     owed: u32,
 }
+
+/// The targets of a slot that has seen no engine: none.
+const NO_TARGETS: RemoteRanks = match TpMapping::new(1, 1) {
+    Ok(m) => match m.targets(0) {
+        Ok(t) => t,
+        Err(_) => unreachable!(),
+    },
+    Err(_) => unreachable!(),
+};
 
 /// Why `service` is called.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -249,7 +260,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         let slot = Slot {
             used: false,
             generation: 0,
-            first_rank: 0,
+            targets: NO_TARGETS,
             fan_out: 0,
             owed: 0,
         };
@@ -302,7 +313,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         if !slot.used || slot.generation != handle.generation {
             return None;
         }
-        let k = rank.checked_sub(slot.first_rank)?;
+        let k = slot.targets.position(rank)?;
         if k >= slot.fan_out {
             return None;
         }

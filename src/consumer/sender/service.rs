@@ -9,6 +9,14 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         engine as usize * self.config.max_fan_out as usize + k as usize
     }
 
+    /// The P rank of peer `k` of engine slot `e` (k < the slot's fan-out).
+    #[inline]
+    pub(super) fn rank_of(&self, e: u32, k: u32) -> u32 {
+        let rank = self.slots[e as usize].targets.get(k);
+        debug_assert!(rank.is_some(), "peer {k} beyond the fan-out");
+        rank.unwrap_or(u32::MAX)
+    }
+
     /// Resets slot `e` for the engine behind `handle` if it held another.
     pub(super) fn prepare_slot<B: HeartbeatBatch>(
         &mut self,
@@ -32,8 +40,9 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         self.counters.deferred_dropped += u64::from(slot.owed);
         self.clear_owed(e);
         let key = batch.key();
-        let mapping =
-            TpMapping::new(self.config.local_tp, key.tp_size).map_err(SenderError::Topology)?;
+        let mapping = TpMapping::new(self.config.local_tp, key.tp_size)
+            .and_then(|m| m.with_remote_pp(batch.pp_size()))
+            .map_err(SenderError::Topology)?;
         let targets = mapping
             .targets(self.config.local_rank)
             .map_err(SenderError::Topology)?;
@@ -51,7 +60,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         self.slots[e as usize] = Slot {
             used: true,
             generation: handle.generation,
-            first_rank: targets.first(),
+            targets,
             fan_out,
             owed: 0,
         };
@@ -150,7 +159,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         k: u32,
         now: Instant,
     ) {
-        let rank = self.slots[e as usize].first_rank + k;
+        let rank = self.rank_of(e, k);
         self.addr.len = 0;
         let key = batch.key();
         if self
@@ -202,7 +211,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         };
         self.this_step.error = Some(StepError::Fabric {
             engine: batch.handle(),
-            rank: self.slots[e as usize].first_rank + k,
+            rank: self.rank_of(e, k),
             error: err,
         });
     }
@@ -304,7 +313,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         now: Instant,
     ) -> Result<(), WireError> {
         let base = self.peer_index(e, 0);
-        let first_rank = self.slots[e as usize].first_rank;
+        let targets = self.slots[e as usize].targets;
         let handle = batch.handle();
         let max_len = self.fabric.max_notification_len().min(self.scratch.len());
         let (initial, max) = (self.config.backoff_initial, self.config.backoff_max);
@@ -355,7 +364,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
                         }
                         this_step.error = Some(StepError::Fabric {
                             engine: handle,
-                            rank: first_rank + k as u32,
+                            rank: targets.get(k as u32).unwrap_or(u32::MAX),
                             error: err,
                         });
                     }

@@ -58,6 +58,13 @@ pub struct TrackerCounters {
     pub outcomes_untracked: u64,
     /// Requests whose KV every worker verified: received, tracking stopped.
     pub loads_verified: u64,
+    /// Requests received with at least one worker's share accepted
+    /// unchecked (`kv_lease_verification = false` on that worker): what
+    /// stock vLLM does, counted so that it shows.
+    pub loads_unverified: u64,
+    /// Requests failed because an outcome message came from a worker rank
+    /// the tracker was not built for (also in `loads_failed`).
+    pub outcomes_refused: u64,
     /// Requests whose KV load failed verification on some worker: tracking
     /// stopped, `kv_load_failure_policy` applies.
     pub loads_failed: u64,

@@ -185,6 +185,15 @@ struct Engine {
     requested: bool,
 }
 
+/// Why a tracker could not be built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TrackerError {
+    /// The D worker count is 0 or more than 64.
+    #[error("a tracker aggregates 1..=64 D workers, got {0}")]
+    BadWorkerCount(u32),
+}
+
 /// D's scheduler-side heartbeat bookkeeping. See the module docs.
 #[derive(Debug)]
 pub struct HeartbeatTracker {
@@ -216,18 +225,27 @@ pub struct HeartbeatTracker {
     plan_seq: u32,
     /// D workers whose verify outcomes make up one request's verdict.
     workers: u32,
-    /// Per request: the workers that reported it verified (bit = rank).
+    /// Per request: the workers that reported its share usable (bit = rank).
     verified_by: Box<[u64]>,
+    /// One bit per request: some worker accepted its share unchecked.
+    unchecked: Box<[u64]>,
     counters: TrackerCounters,
 }
 
 impl HeartbeatTracker {
     /// A tracker sized from `config` (`max_tracked_requests`,
-    /// `max_remote_engines`, `max_request_id_len`, `heartbeat_interval()`).
-    /// Allocates everything it will ever use. Values outside
+    /// `max_remote_engines`, `max_request_id_len`, `heartbeat_interval()`)
+    /// for a D engine of `workers` workers (its TP size, `1..=64`): a
+    /// request counts as received only once every one of them verified its
+    /// share. Allocates everything it will ever use. Capacities outside
     /// [`LeaseConfig::validate`]'s ranges are brought into them (zero
-    /// capacities to 1, the id length to at most 1024) rather than refused.
-    pub fn new(config: &LeaseConfig) -> HeartbeatTracker {
+    /// capacities to 1, the id length to at most 1024) rather than refused;
+    /// a worker count outside `1..=64` is refused, since guessing it could
+    /// make a request received with a share unverified.
+    pub fn new(config: &LeaseConfig, workers: u32) -> Result<HeartbeatTracker, TrackerError> {
+        if workers == 0 || workers > outcomes::MAX_WORKERS {
+            return Err(TrackerError::BadWorkerCount(workers));
+        }
         let r = config.max_tracked_requests.max(1);
         let e = config.max_remote_engines.max(1);
         // Clamped to the validated range even for a hand-built config: the id
@@ -254,7 +272,7 @@ impl HeartbeatTracker {
             dcp_size: 1,
             requested: false,
         };
-        HeartbeatTracker {
+        Ok(HeartbeatTracker {
             interval: config.heartbeat_interval(),
             max_id_len: usize::from(max_id_len),
             d_ids: IdTable::new(r, max_id_len),
@@ -280,10 +298,11 @@ impl HeartbeatTracker {
             gone: DenseSet::new(e),
             gone_generation: vec![0; e as usize].into_boxed_slice(),
             plan_seq: 0,
-            workers: 1,
+            workers,
             verified_by: vec![0; r as usize].into_boxed_slice(),
+            unchecked: vec![0; (r as usize).div_ceil(64)].into_boxed_slice(),
             counters: TrackerCounters::default(),
-        }
+        })
     }
 
     /// The counters; a borrow, read them every step if you like.

@@ -3,7 +3,7 @@
 //! worker that did not.
 //!
 //! This file owns that aggregation (one bit per worker rank, per tracked
-//! request) and what an outcome does to tracking: stop it either way, and
+//! request; the worker count is fixed when the tracker is built) and what an outcome does to tracking: stop it either way, and
 //! request the engines the worker still owes a heartbeat. The bytes are
 //! [`crate::ipc::outcome`]'s; the failure policy is the engine's.
 //!
@@ -19,7 +19,7 @@ use crate::ipc::outcome::OutcomeMsg;
 use crate::ipc::IpcError;
 
 /// Most D workers one tracker aggregates (one bit each).
-const MAX_WORKERS: u32 = u64::BITS;
+pub const MAX_WORKERS: u32 = u64::BITS;
 
 /// What [`HeartbeatTracker::apply_outcomes`] did with one message.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -29,8 +29,12 @@ pub struct ApplyReport {
     pub outcomes: u32,
     /// Requests now received: every worker verified them.
     pub received: u32,
-    /// Requests whose load failed on this worker.
+    /// Requests whose load failed on this worker (or that a refused message
+    /// named).
     pub failed: u32,
+    /// Of the received, those accepted without a lease check (verification
+    /// off on that worker).
+    pub unchecked: u32,
     /// Verified by this worker, still waiting for others.
     pub pending: u32,
     /// Outcomes for requests the tracker does not track (counted no-ops).
@@ -40,15 +44,7 @@ pub struct ApplyReport {
 }
 
 impl HeartbeatTracker {
-    /// Sets how many D workers (D's TP ranks, each with its own verifier)
-    /// must verify a request before it counts as received; 1 by default.
-    /// Clamped to `1..=64`. Set it before the first outcome arrives: a
-    /// request part-verified under the old count keeps its bits.
-    pub fn set_workers(&mut self, workers: u32) {
-        self.workers = workers.clamp(1, MAX_WORKERS);
-    }
-
-    /// The D workers whose outcomes make up a verdict.
+    /// The D workers whose outcomes make up a verdict (fixed at construction).
     pub fn workers(&self) -> u32 {
         self.workers
     }
@@ -56,10 +52,12 @@ impl HeartbeatTracker {
     /// Applies one worker's verify-outcome message (`update_connector_output`
     /// in vLLM terms):
     ///
-    /// - **verified**: the worker's share is good; once every worker's is,
-    ///   the request is received: tracking stops (as
+    /// - **usable** ([`Verdict::is_usable`]: verified, or unchecked with
+    ///   verification off): the worker's share is good; once every worker's
+    ///   is, the request is received: tracking stops (as
     ///   [`HeartbeatTracker::on_transfer_complete`]) and `on_outcome(id,
-    ///   Verdict::Verified)` is called;
+    ///   verdict)` is called, with [`Verdict::Unchecked`] if any worker's
+    ///   share was unchecked;
     /// - **anything else**: the KV load failed: tracking stops and
     ///   `on_outcome(id, verdict)` is called at once, for the engine to apply
     ///   `kv_load_failure_policy` (later outcomes for the id are untracked);
@@ -69,9 +67,13 @@ impl HeartbeatTracker {
     ///   itself from [`OutcomeMsg::iter`];
     /// - the owed engines go to [`HeartbeatTracker::request_engines`].
     ///
-    /// A message from a rank not below [`HeartbeatTracker::workers`] is
-    /// refused whole: [`IpcError::WrongSender`] with `expected` the worker
-    /// count; nothing is applied.
+    /// A message from a rank not below [`HeartbeatTracker::workers`] cannot
+    /// vouch for anything: every tracked request it names **fails** (as
+    /// [`Verdict::Unverifiable`], through `on_outcome`, so the failure policy
+    /// applies), its owed engines are ignored, and
+    /// [`IpcError::UnknownWorker`] is returned for the engine to log. (Before
+    /// the worker count was part of construction, such a message was dropped
+    /// whole, and worker 0's verdict alone made a TP 2 request received.)
     pub fn apply_outcomes(
         &mut self,
         msg: &OutcomeMsg<'_>,
@@ -79,9 +81,20 @@ impl HeartbeatTracker {
     ) -> Result<ApplyReport, IpcError> {
         let rank = msg.rank();
         if rank >= self.workers {
-            return Err(IpcError::WrongSender {
-                expected: self.workers,
-                found: rank,
+            for o in msg.iter() {
+                self.counters.outcomes += 1;
+                let Some(r) = self.d_ids.get(o.request_id.as_bytes()) else {
+                    self.counters.outcomes_untracked += 1;
+                    continue;
+                };
+                self.stop_request(r);
+                self.counters.loads_failed += 1;
+                self.counters.outcomes_refused += 1;
+                on_outcome(o.request_id, Verdict::Unverifiable);
+            }
+            return Err(IpcError::UnknownWorker {
+                rank,
+                workers: self.workers,
             });
         }
         let everyone = if self.workers == MAX_WORKERS {
@@ -98,23 +111,36 @@ impl HeartbeatTracker {
                 self.counters.outcomes_untracked += 1;
                 continue;
             };
-            if o.verdict.is_verified() {
+            if o.verdict.is_usable() {
                 let by = &mut self.verified_by[r as usize];
                 *by |= 1 << rank;
+                let unchecked = &mut self.unchecked[r as usize / 64];
+                if o.verdict == Verdict::Unchecked {
+                    *unchecked |= 1 << (r % 64);
+                }
+                let any_unchecked = *unchecked & (1 << (r % 64)) != 0;
                 if *by != everyone {
                     report.pending += 1;
                     continue;
                 }
                 self.stop_request(r);
                 self.counters.stopped_transfer_complete += 1;
-                self.counters.loads_verified += 1;
                 report.received += 1;
+                let verdict = if any_unchecked {
+                    self.counters.loads_unverified += 1;
+                    report.unchecked += 1;
+                    Verdict::Unchecked
+                } else {
+                    self.counters.loads_verified += 1;
+                    Verdict::Verified
+                };
+                on_outcome(o.request_id, verdict);
             } else {
                 self.stop_request(r);
                 self.counters.loads_failed += 1;
                 report.failed += 1;
+                on_outcome(o.request_id, o.verdict);
             }
-            on_outcome(o.request_id, o.verdict);
         }
         report.owed_live = self.request_engines(msg.owed());
         Ok(report)

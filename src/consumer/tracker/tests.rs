@@ -25,7 +25,7 @@ fn key_round_trips() {
 #[test]
 fn chunks_stay_packed_under_churn() {
     let cfg = config(100, 3);
-    let mut t = HeartbeatTracker::new(&cfg);
+    let mut t = HeartbeatTracker::new(&cfg, 1).expect("tracker");
     let mut live: Vec<String> = Vec::new();
     let mut rng_gen = SplitMix64::new(0x9e37_79b9_7f4a_7c15u64);
     for i in 0..20_000u32 {

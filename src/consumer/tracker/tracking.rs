@@ -85,6 +85,15 @@ impl HeartbeatTracker {
         if tp_size == 0 {
             return Err(bad("tp_size", ParamProblem::Zero));
         }
+        // Heartbeats reach P's TP ranks on every pipeline stage
+        // (crate::topology): zero stages, or a zero DCP size, describe no P
+        // that can exist.
+        if params.pp_size == Some(0) {
+            return Err(bad("pp_size", ParamProblem::Zero));
+        }
+        if params.dcp_size == Some(0) {
+            return Err(bad("dcp_size", ParamProblem::Zero));
+        }
         if self.d_ids.get(request_id.as_bytes()).is_some() {
             return Err(TrackError::Duplicate);
         }
@@ -185,6 +194,7 @@ impl HeartbeatTracker {
         debug_assert!(written);
         self.links[r as usize] = Link { pos, engine: e };
         self.verified_by[r as usize] = 0;
+        self.unchecked[r as usize / 64] &= !(1 << (r % 64));
         // p_id.len() <= max_id_len <= 1024 and at most R members: no overflow
         // below 4 million requests; saturate rather than wrap beyond.
         let eng = &mut self.engines[e as usize];

@@ -58,13 +58,26 @@
 //!
 //! # Layout
 //!
+//! `F` is `kv_lease_max_fan_out` ([`VerifierConfig::max_fan_out`], at most
+//! [`MAX_TARGETS`]): the most P ranks one check covers, the same number the
+//! heartbeat sender is sized by.
+//!
 //! ```text
-//!  checks:  [Check; capacity]                      token, slot, nonce, up to 8 targets, pending mask
-//!  landing: LandingWords(capacity * MAX_TARGETS)   cell c = check * MAX_TARGETS + k, registered
+//!  checks:  [Check; capacity]                      token, slot, nonce, pending mask (one bit per target)
+//!  landing: LandingWords(capacity * F)             cell c = check * F + k, registered
 //!  windows: LandingWords(max_agents * WINDOW_SLOTS) one window per agent batch, for its life, registered
-//!  next:    [u32; capacity * MAX_TARGETS]          intrusive lists of cells, per agent: queued, in flight
+//!  next:    [u32; capacity * F]                    intrusive lists of cells, per agent: queued, in flight
 //!  agents:  [AgentBatch; max_agents]               agent, its slot region, its two lists, its READ
 //! ```
+//!
+//! # Verification off
+//!
+//! With `kv_lease_verification = false` ([`VerifierConfig::verification`])
+//! no slot is read: every submitted check resolves at the next step as
+//! [`Verdict::Unchecked`], which the tracker accepts as received, through
+//! the same outcome path as a verified load, and counts
+//! ([`VerifierCounters::unchecked`], the tracker's `loads_unverified`). That
+//! is stock vLLM's behaviour, made visible.
 //!
 //! The two registered buffers are [`LandingWords`] behind an [`Arc`] shared
 //! with the fabric ([`Fabric::register_landing`]): the fabric's share keeps
@@ -91,6 +104,7 @@ use core::fmt;
 use std::sync::Arc;
 
 use crate::collections::{FreeStack, Ring};
+use crate::config::LeaseConfig;
 use crate::fabric::{
     AgentId, Fabric, FabricError, LandingWords, PeerInfo, ReadDesc, RegionId, XferId, XferState,
 };
@@ -99,8 +113,39 @@ use crate::nonce::Nonce;
 use crate::slots::{LeaseSlots, SLOT_BYTES};
 use crate::time::Instant;
 
-/// Most P ranks one check can cover (P TP / D TP up to 8).
-pub const MAX_TARGETS: usize = 8;
+/// Most P ranks one check can cover, whatever the configuration: the
+/// pending ranks of a check are one `u64` mask ([`crate::config::limits::MAX_FAN_OUT`]).
+pub const MAX_TARGETS: usize = crate::config::limits::MAX_FAN_OUT as usize;
+
+/// How a verifier is sized, and whether it verifies at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct VerifierConfig {
+    /// Checks waiting at once (submitted, not yet reported).
+    pub capacity: u32,
+    /// Distinct P agents with checks waiting at once.
+    pub max_agents: u32,
+    /// Most P ranks one check covers (`kv_lease_max_fan_out`), at most
+    /// [`MAX_TARGETS`].
+    pub max_fan_out: u32,
+    /// `kv_lease_verification`: read and compare the slots; `false` accepts
+    /// every load as [`Verdict::Unchecked`] without a READ.
+    pub verification: bool,
+}
+
+impl VerifierConfig {
+    /// A verifier for `capacity` waiting checks against up to `max_agents` P
+    /// agents, with the fan-out limit and the verification switch of
+    /// `config` (`kv_lease_max_fan_out`, `kv_lease_verification`).
+    pub fn new(config: &LeaseConfig, capacity: u32, max_agents: u32) -> VerifierConfig {
+        VerifierConfig {
+            capacity,
+            max_agents,
+            max_fan_out: config.max_fan_out,
+            verification: config.verification,
+        }
+    }
+}
 
 /// Slots one coalesced READ covers: when the waiting checks of an agent lie
 /// within this many consecutive slots, they are read as one descriptor.
@@ -114,7 +159,7 @@ struct Check {
     slot: u32,
     nonce: Nonce,
     /// Bit k set: target k not resolved yet.
-    pending: u8,
+    pending: u64,
     verdict: Verdict,
     in_use: bool,
 }
@@ -160,6 +205,9 @@ pub struct LeaseVerifier {
     next: Box<[u32]>,
     agents: Vec<AgentBatch>,
     max_agents: usize,
+    /// Landing cells per check: the most targets one check may name.
+    fan: u32,
+    verification: bool,
     descs: Vec<ReadDesc>,
     /// Checks with a verdict, reported at the next step (each at most once).
     done: Ring<u32>,
@@ -167,17 +215,23 @@ pub struct LeaseVerifier {
 }
 
 impl LeaseVerifier {
-    /// A verifier for up to `capacity` waiting checks against up to
-    /// `max_agents` distinct P agents, with its landing cells registered on
-    /// `fabric`. Allocates `capacity * 8 * 8` bytes of landing cells and
-    /// `max_agents * 8 KiB` of span windows, shared with the fabric: they
-    /// are freed once both the verifier and the fabric are dropped.
+    /// A verifier sized by `config`, with its landing cells registered on
+    /// `fabric`. Allocates `capacity * max_fan_out * 8` bytes of landing
+    /// cells and `max_agents * 8 KiB` of span windows, shared with the
+    /// fabric: they are freed once both the verifier and the fabric are
+    /// dropped. A fan-out of 0 or above [`MAX_TARGETS`] is brought into
+    /// `1..=MAX_TARGETS` (a validated [`LeaseConfig`] is already there).
     pub fn new<F: Fabric>(
         fabric: &mut F,
-        capacity: u32,
-        max_agents: u32,
+        config: &VerifierConfig,
     ) -> Result<LeaseVerifier, FabricError> {
-        let cells = capacity as usize * MAX_TARGETS;
+        let VerifierConfig {
+            capacity,
+            max_agents,
+            ..
+        } = *config;
+        let fan = config.max_fan_out.clamp(1, MAX_TARGETS as u32);
+        let cells = capacity as usize * fan as usize;
         let landing = LandingWords::new(cells);
         let landing_region = fabric.register_landing(Arc::clone(&landing))?;
         let windows = LandingWords::new(max_agents.max(1) as usize * WINDOW_SLOTS as usize);
@@ -200,6 +254,8 @@ impl LeaseVerifier {
             next: vec![NIL; cells].into_boxed_slice(),
             agents: Vec::with_capacity(max_agents as usize),
             max_agents: max_agents as usize,
+            fan,
+            verification: config.verification,
             descs: Vec::with_capacity(capacity as usize),
             done: Ring::new(capacity, 0),
             counters: VerifierCounters::default(),
@@ -225,17 +281,39 @@ impl LeaseVerifier {
     ///
     /// Without lease fields the check is [`Verdict::Unverifiable`]; with a
     /// slot some target does not export, [`Verdict::SlotOutOfRange`]; both
-    /// are reported at the next step without a READ.
+    /// are reported at the next step without a READ. With verification off
+    /// every check is [`Verdict::Unchecked`] at the next step, whatever its
+    /// fields and targets.
     pub fn submit(
         &mut self,
         token: u64,
         lease: Option<LeaseFields>,
         targets: &[VerifyTarget],
     ) -> Result<(), VerifyError> {
+        if !self.verification {
+            let Some(c) = self.free.pop() else {
+                self.counters.refused += 1;
+                return Err(VerifyError::Full);
+            };
+            self.counters.submitted += 1;
+            self.checks[c as usize] = Check {
+                token,
+                slot: 0,
+                nonce: Nonce::ONE,
+                pending: 0,
+                verdict: Verdict::Unchecked,
+                in_use: true,
+            };
+            self.resolved(c);
+            return Ok(());
+        }
         let targets = if lease.is_some() { targets } else { &[] };
-        if (lease.is_some() && targets.is_empty()) || targets.len() > MAX_TARGETS {
+        if (lease.is_some() && targets.is_empty()) || targets.len() > self.fan as usize {
             self.counters.refused += 1;
-            return Err(VerifyError::BadTargets);
+            return Err(VerifyError::BadTargets {
+                targets: targets.len() as u32,
+                max_fan_out: self.fan,
+            });
         }
         // Checked here, before batching: a slot beyond a rank's region would
         // make the fabric refuse the whole READ, failing every check in it.
@@ -321,7 +399,7 @@ impl LeaseVerifier {
                     }
                 }
             };
-            let cell = c * MAX_TARGETS as u32 + k as u32;
+            let cell = c * self.fan + k as u32;
             self.next[cell as usize] = self.agents[b].queued;
             self.agents[b].queued = cell;
             self.agents[b].slot_region = t.slot_region;
@@ -365,6 +443,7 @@ impl LeaseVerifier {
                 Verdict::Unverifiable => self.counters.unverifiable += 1,
                 Verdict::SlotOutOfRange => self.counters.slot_out_of_range += 1,
                 Verdict::ReadFailed(_) => self.counters.read_failed += 1,
+                Verdict::Unchecked => self.counters.unchecked += 1,
             }
             report(check.token, check.verdict);
             self.free.push(c);
@@ -402,7 +481,7 @@ impl LeaseVerifier {
         let (mut lo, mut hi) = (u32::MAX, 0u32);
         let mut cell = batch.queued;
         while cell != NIL {
-            let slot = self.checks[(cell / MAX_TARGETS as u32) as usize].slot;
+            let slot = self.checks[(cell / self.fan) as usize].slot;
             lo = lo.min(slot);
             hi = hi.max(slot);
             cell = self.next[cell as usize];
@@ -432,7 +511,7 @@ impl LeaseVerifier {
         } else {
             let mut cell = batch.queued;
             while cell != NIL {
-                let check = &self.checks[(cell / MAX_TARGETS as u32) as usize];
+                let check = &self.checks[(cell / self.fan) as usize];
                 self.landing.reset(cell as usize);
                 self.descs.push(ReadDesc {
                     local: self.landing_region,
@@ -477,8 +556,8 @@ impl LeaseVerifier {
         self.agents[b].xfer = None;
         while cell != NIL {
             let next = self.next[cell as usize];
-            let c = cell / MAX_TARGETS as u32;
-            let k = cell % MAX_TARGETS as u32;
+            let c = cell / self.fan;
+            let k = cell % self.fan;
             let (slot, nonce) = (self.checks[c as usize].slot, self.checks[c as usize].nonce);
             let verdict = match error {
                 Some(e) => Verdict::ReadFailed(e),

@@ -27,7 +27,7 @@ fn matching_nonce_verifies_and_changed_slot_lapses() {
     let mut f = FakeFabric::with_remotes(1, 8);
     f.remotes[0].publish(3, 77);
     f.remotes[0].publish(4, 88);
-    let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
+    let mut v = LeaseVerifier::new(&mut f, &crate::testkit::verifier_config(4, 4)).unwrap();
     v.submit(1, lf(3, 77), &[target(&f, 0)]).unwrap();
     v.submit(2, lf(4, 88), &[target(&f, 0)]).unwrap();
     f.complete = false;
@@ -59,7 +59,7 @@ fn every_rank_must_hold_the_nonce() {
         f.remotes[r].publish(1, 5);
     }
     f.remotes[2].clear(1);
-    let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
+    let mut v = LeaseVerifier::new(&mut f, &crate::testkit::verifier_config(4, 4)).unwrap();
     v.submit(7, lf(1, 5), &[target(&f, 0), target(&f, 1), target(&f, 2)])
         .unwrap();
     v.submit(8, lf(1, 5), &[target(&f, 0), target(&f, 1)])
@@ -75,7 +75,7 @@ fn every_rank_must_hold_the_nonce() {
 fn missing_fields_and_failed_reads_fail_closed() {
     let mut f = FakeFabric::with_remotes(1, 4);
     f.remotes[0].publish(0, 5);
-    let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
+    let mut v = LeaseVerifier::new(&mut f, &crate::testkit::verifier_config(4, 4)).unwrap();
     v.submit(1, None, &[]).unwrap();
     v.submit(2, lf(0, 5), &[target(&f, 0)]).unwrap();
     f.fail_next = Some(FabricError::PeerUnreachable);
@@ -104,7 +104,7 @@ fn a_slot_beyond_the_peer_fails_only_its_own_check() {
         let mut f = FakeFabric::with_remotes(1, 64);
         f.remotes[0].publish(3, 77);
         f.remotes[0].publish(9, 99);
-        let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
+        let mut v = LeaseVerifier::new(&mut f, &crate::testkit::verifier_config(4, 4)).unwrap();
         v.submit(1, lf(3, 77), &[target(&f, 0)]).unwrap();
         v.submit(2, lf(bad_slot, 5), &[target(&f, 0)]).unwrap();
         v.submit(3, lf(9, 99), &[target(&f, 0)]).unwrap();
@@ -125,7 +125,7 @@ fn a_slot_beyond_the_peer_fails_only_its_own_check() {
     let mut f = FakeFabric::with_remotes(1, 4096);
     f.remotes[0].publish(0, 10);
     f.remotes[0].publish(4000, 40);
-    let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
+    let mut v = LeaseVerifier::new(&mut f, &crate::testkit::verifier_config(4, 4)).unwrap();
     v.submit(1, lf(0, 10), &[target(&f, 0)]).unwrap();
     v.submit(2, lf(4096, 5), &[target(&f, 0)]).unwrap();
     v.submit(3, lf(4000, 40), &[target(&f, 0)]).unwrap();
@@ -153,7 +153,7 @@ fn a_slot_one_rank_lacks_fails_the_check_without_reads() {
     let mut f = FakeFabric::with_remotes(2, 64);
     f.remotes[0].publish(3, 7);
     f.remotes[1].publish(3, 7);
-    let mut v = LeaseVerifier::new(&mut f, 4, 4).unwrap();
+    let mut v = LeaseVerifier::new(&mut f, &crate::testkit::verifier_config(4, 4)).unwrap();
     let small = VerifyTarget {
         slot_count: 3,
         ..target(&f, 1)
@@ -195,7 +195,7 @@ fn landing_buffers_are_shared_with_the_fabric_not_leaked() {
     // The shared fake keeps its share of every landing buffer it registers.
     let mut f = FakeFabric::with_remotes(1, 8);
     f.remotes[0].publish(2, 9);
-    let mut v = LeaseVerifier::new(&mut f, 4, 2).unwrap();
+    let mut v = LeaseVerifier::new(&mut f, &crate::testkit::verifier_config(4, 2)).unwrap();
     assert_eq!(f.kept.len(), 2, "landing cells and span windows");
     assert!(f.kept.iter().all(|w| Arc::strong_count(w) == 2));
     let t = target(&f, 0);
@@ -216,7 +216,7 @@ fn packed_slots_are_read_as_their_aligned_window_and_scattered_ones_per_slot() {
     for (slot, nonce) in [(0, 10), (7, 17), (5000, 50)] {
         f.remotes[0].publish(slot, nonce);
     }
-    let mut v = LeaseVerifier::new(&mut f, 8, 2).unwrap();
+    let mut v = LeaseVerifier::new(&mut f, &crate::testkit::verifier_config(8, 2)).unwrap();
     // Slots 0 and 7: one descriptor, the whole first window (1024 slots).
     v.submit(1, lf(0, 10), &[target(&f, 0)]).unwrap();
     v.submit(2, lf(7, 17), &[target(&f, 0)]).unwrap();
@@ -268,7 +268,7 @@ fn window_reads_repeat_the_same_descriptor_whatever_the_slots() {
         f.remotes[0].publish(s, u64::from(s) + 1);
         f.remotes[1].publish(s, u64::from(s) + 1);
     }
-    let mut v = LeaseVerifier::new(&mut f, 8, 2).unwrap();
+    let mut v = LeaseVerifier::new(&mut f, &crate::testkit::verifier_config(8, 2)).unwrap();
     let mut rng = SplitMix64::new(7);
     // Under miri each 8 KiB window read is interpreted byte by byte: 8
     // rounds (both agents are hit from round 1) keep the CI step short.
@@ -304,11 +304,20 @@ fn window_reads_repeat_the_same_descriptor_whatever_the_slots() {
 #[test]
 fn refusals_are_typed() {
     let mut f = FakeFabric::with_remotes(3, 4);
-    let mut v = LeaseVerifier::new(&mut f, 2, 2).unwrap();
-    assert_eq!(v.submit(1, lf(0, 1), &[]), Err(VerifyError::BadTargets));
+    let mut v = LeaseVerifier::new(&mut f, &crate::testkit::verifier_config(2, 2)).unwrap();
     assert_eq!(
-        v.submit(1, lf(0, 1), &[target(&f, 0); 9]),
-        Err(VerifyError::BadTargets)
+        v.submit(1, lf(0, 1), &[]),
+        Err(VerifyError::BadTargets {
+            targets: 0,
+            max_fan_out: 16
+        })
+    );
+    assert_eq!(
+        v.submit(1, lf(0, 1), &[target(&f, 0); 17]),
+        Err(VerifyError::BadTargets {
+            targets: 17,
+            max_fan_out: 16
+        })
     );
     assert_eq!(
         v.submit(1, lf(0, 1), &[target(&f, 0), target(&f, 1), target(&f, 2)]),

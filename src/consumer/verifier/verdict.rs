@@ -63,6 +63,10 @@ pub enum Verdict {
     SlotOutOfRange,
     /// The slot READ failed. Fail the load.
     ReadFailed(FabricError),
+    /// Verification is off (`kv_lease_verification = false`): the load is
+    /// accepted without the slot check, as stock vLLM accepts it. Counted
+    /// apart from verified loads.
+    Unchecked,
 }
 
 impl fmt::Display for Verdict {
@@ -75,6 +79,7 @@ impl fmt::Display for Verdict {
                 f.write_str("remote_lease_slot beyond the slots P exports: KV cannot be verified")
             }
             Verdict::ReadFailed(e) => write!(f, "lease slot READ failed: {e}"),
+            Verdict::Unchecked => f.write_str("accepted without a lease check (verification off)"),
         }
     }
 }
@@ -85,11 +90,18 @@ impl Verdict {
         self == Verdict::Verified
     }
 
+    /// Whether the engine may use the pulled KV: [`Verdict::Verified`], or
+    /// [`Verdict::Unchecked`] when verification is off. Everything else
+    /// fails the load (`kv_load_failure_policy`).
+    pub fn is_usable(self) -> bool {
+        matches!(self, Verdict::Verified | Verdict::Unchecked)
+    }
+
     /// When several ranks disagree, the worst verdict wins.
     pub(super) fn worse(self, other: Verdict) -> Verdict {
         fn rank(v: Verdict) -> u8 {
             match v {
-                Verdict::Verified => 0,
+                Verdict::Verified | Verdict::Unchecked => 0,
                 Verdict::Unverifiable => 1,
                 Verdict::SlotOutOfRange => 2,
                 Verdict::ReadFailed(_) => 3,
@@ -111,9 +123,14 @@ pub enum VerifyError {
     /// `capacity` checks are waiting.
     #[error("lease verifier full")]
     Full,
-    /// No target, or more than [`MAX_TARGETS`].
-    #[error("a check needs 1 to 8 P ranks")]
-    BadTargets,
+    /// No target, or more than `kv_lease_max_fan_out`.
+    #[error("a check names {targets} P ranks; it needs 1..={max_fan_out} (kv_lease_max_fan_out)")]
+    BadTargets {
+        /// Targets the check named.
+        targets: u32,
+        /// The verifier's fan-out limit.
+        max_fan_out: u32,
+    },
     /// More distinct P agents than `max_agents` have checks waiting.
     #[error("too many distinct P agents with checks waiting")]
     TooManyAgents,
@@ -137,6 +154,8 @@ pub struct VerifierCounters {
     pub slot_out_of_range: u64,
     /// Verdicts: slot READ failed.
     pub read_failed: u64,
+    /// Verdicts: accepted unchecked (verification off).
+    pub unchecked: u64,
     /// Slot READs posted (one per agent per batch).
     pub slot_reads: u64,
     /// Of those, READs of one contiguous span (one descriptor).

@@ -11,7 +11,7 @@ fn tracker() -> HeartbeatTracker {
     c.max_tracked_requests = 16;
     c.max_remote_engines = 4;
     c.validate().unwrap();
-    let mut t = HeartbeatTracker::new(&c);
+    let mut t = HeartbeatTracker::new(&c, 1).expect("tracker");
     for (d, e, p, lease) in [
         ("d1", "engA", "p1", Some((7, 0xA1))),
         ("d2", "engA", "p2", Some((8, 0xA2))),

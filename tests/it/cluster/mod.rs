@@ -533,8 +533,7 @@ pub struct DSchedNode {
 impl DSchedNode {
     /// A tracker whose verdicts come from one worker (D TP 1).
     pub fn new(config: &LeaseConfig) -> DSchedNode {
-        let mut tracker = HeartbeatTracker::new(config);
-        tracker.set_workers(1);
+        let tracker = HeartbeatTracker::new(config, 1).expect("tracker");
         DSchedNode {
             tracker,
             buf: vec![0; 1 << 16],
@@ -634,7 +633,11 @@ impl<F: Fabric> DWorkerNode<F> {
         });
         let mut sender = HeartbeatSender::new(fabric, address, SenderConfig::new(config, 1, 0))
             .expect("D sender");
-        let verifier = LeaseVerifier::new(sender.fabric_mut(), 64, 8).expect("verifier");
+        let verifier = LeaseVerifier::new(
+            sender.fabric_mut(),
+            &kvlease::testkit::verifier_config(64, 8),
+        )
+        .expect("verifier");
         let landing = leak_words(P_TP as usize * BLOCK_WORDS, |_| 0);
         let landing_region = register_words(sender.fabric_mut(), landing);
         DWorkerNode {

@@ -283,9 +283,12 @@ impl<E: EngineAgent> DWorker<E> {
         let address: NameAddress = Box::new(move |_key, _rank, out| out.write_str(&p_name));
         let mut sender = HeartbeatSender::new(fabric, address, SenderConfig::new(&config, 1, 0))
             .expect("sender");
-        let verifier = LeaseVerifier::new(sender.fabric_mut(), 16, 4).expect("verifier");
-        let mut tracker = HeartbeatTracker::new(&config);
-        tracker.set_workers(1);
+        let verifier = LeaseVerifier::new(
+            sender.fabric_mut(),
+            &kvlease::testkit::verifier_config(16, 4),
+        )
+        .expect("verifier");
+        let tracker = HeartbeatTracker::new(&config, 1).expect("tracker");
         DWorker {
             engine,
             tracker,

@@ -288,7 +288,7 @@ impl Decode {
     /// A tracker sized from `config`.
     pub fn new(config: &LeaseConfig) -> Decode {
         Decode {
-            tracker: HeartbeatTracker::new(config),
+            tracker: HeartbeatTracker::new(config, 1).expect("tracker"),
             step_errors: 0,
             received: 0,
         }
@@ -705,7 +705,8 @@ pub fn verifier_tells_held_from_lapsed<H: Pair>(h: &mut H) {
     let mut p = Prefill::setup(h, &config);
     let (agent, info) = handshake(h, &mut p);
     let landing = Landing::on_d(h);
-    let mut verifier = LeaseVerifier::new(h.d_fabric(), 8, 4).expect("verifier");
+    let mut verifier = LeaseVerifier::new(h.d_fabric(), &kvlease::testkit::verifier_config(8, 4))
+        .expect("verifier");
     let target = [VerifyTarget::from_peer(agent, &info).expect("P exports slots")];
 
     let now = h.now();
