@@ -160,11 +160,7 @@ impl TpMapping {
     /// (module docs: every stage's ranks are targets). Refuses 0 and a
     /// `tp × pp` that does not fit a `u32` rank number.
     pub const fn with_remote_pp(self, remote_pp: u32) -> Result<TpMapping, TopologyError> {
-        let fits = match self.remote_tp.checked_mul(remote_pp) {
-            Some(_) => true,
-            None => false,
-        };
-        if remote_pp == 0 || !fits {
+        if remote_pp == 0 || self.remote_tp.checked_mul(remote_pp).is_none() {
             return Err(TopologyError::BadPp {
                 remote_tp: self.remote_tp,
                 remote_pp,
