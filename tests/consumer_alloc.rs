@@ -156,21 +156,7 @@ fn steady_state_d_steps_allocate_nothing() {
             let d = id_into(&mut d_buf, b"never-", next() % 1000);
             assert!(!tracker.on_request_finished(d));
             // The heartbeat step for both D ranks.
-            let [s0, s1] = &mut senders[..] else {
-                unreachable!()
-            };
-            tracker.take_gone(|h| {
-                s0.engine_gone(h);
-                s1.engine_gone(h);
-            });
-            tracker.due(now, |b| {
-                let _ = s0.send_due(&b, now);
-                let _ = s1.send_due(&b, now);
-            });
-            s0.finish_step();
-            s1.finish_step();
-            tracker.request_engines(s0.owed_engines());
-            tracker.request_engines(s1.owed_engines());
+            HeartbeatSender::step_all(&mut senders, &mut tracker, now);
         }
     });
     let (allocs, bytes) = (counts.allocs, counts.bytes);

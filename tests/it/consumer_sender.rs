@@ -78,21 +78,16 @@ fn p_tp4_d_tp2_each_d_rank_heartbeats_two_p_ranks() {
     let mut t = HeartbeatTracker::new(&lease_config(), 1).expect("tracker");
     t.on_new_request("d1", &params("eng", "p1", 4), T0).unwrap();
     t.on_new_request("d2", &params("eng", "p2", 4), T0).unwrap();
-    let mut s0 = sender(fabric(), 2, 0);
-    let mut s1 = sender(fabric(), 2, 1);
+    let s0 = sender(fabric(), 2, 0);
+    let s1 = sender(fabric(), 2, 1);
     // Two D ranks served by one scheduler-side tracker: both fed from the
     // same due pass (due throttles, so it is called once per step).
+    let mut senders = [s0, s1];
     for now in [T0, T0 + ms(10)] {
-        t.due(now, |b| {
-            s0.send_due(&b, now).unwrap();
-            s1.send_due(&b, now).unwrap();
-        });
-        s0.finish_step();
-        s1.finish_step();
-        // Each rank's debts go back to the shared tracker for the next step.
-        t.request_engines(s0.owed_engines());
-        t.request_engines(s1.owed_engines());
+        let r = HeartbeatSender::step_all(&mut senders, &mut t, now);
+        assert_eq!(r.last_error, None);
     }
+    let [s0, s1] = senders;
     for (s, ranks) in [(&s0, [0, 1]), (&s1, [2, 3])] {
         let f = s.fabric();
         let addrs: BTreeSet<&str> = f.sent().map(|(a, _)| a).collect();
@@ -116,15 +111,8 @@ fn p_tp2_d_tp4_each_d_rank_heartbeats_one_p_rank() {
     t.on_new_request("d1", &params("eng", "p1", 2), T0).unwrap();
     let mut senders: Vec<_> = (0..4).map(|r| sender(fabric(), 4, r)).collect();
     for now in [T0, T0 + ms(10)] {
-        t.due(now, |b| {
-            for s in senders.iter_mut() {
-                s.send_due(&b, now).unwrap();
-            }
-        });
-        for s in senders.iter_mut() {
-            s.finish_step();
-            t.request_engines(s.owed_engines());
-        }
+        let r = HeartbeatSender::step_all(&mut senders, &mut t, now);
+        assert_eq!(r.last_error, None);
     }
     for (r, s) in senders.iter().enumerate() {
         let p_rank = r / 2;
@@ -229,11 +217,13 @@ fn a_failed_handshake_backs_off_exponentially_up_to_the_cap() {
     }
     assert!(saw_error);
     // Attempt n fails at its first poll (one step after it started), then
-    // waits 100, 200, 400, 800, 1000, 1000 ms.
+    // waits 100, 200, 400, 800, 1000, 1000 ms; the retry starts one step
+    // after the wait ran out, when the plan carries the engine again (the
+    // sender asks for it at the end of the step in which the wait ends).
     let mut want = vec![0u64];
     let mut at = 0;
     for wait in [100, 200, 400, 800, 1000, 1000] {
-        at += 10 + wait;
+        at += 10 + wait + 10;
         want.push(at);
     }
     assert_eq!(starts, want);

@@ -26,11 +26,10 @@
 //!   sender.step(&mut tracker, now)                           // the same, without the bytes
 //! ```
 //!
-//! (With several D ranks in one process, call every rank's `send_due` from
-//! the same [`HeartbeatTracker::due`] callback, since `due` throttles, then
-//! each rank's `finish_step`, and give every rank's `owed_engines` to
-//! [`HeartbeatTracker::request_engines`] and every "gone" notice of
-//! [`HeartbeatTracker::take_gone`] to each rank's `engine_gone`.)
+//! With several D ranks in one process (one sender each, one tracker),
+//! [`HeartbeatSender::step_all`] is the same step for all of them: one
+//! `due` pass feeds every sender (`due` throttles, so a second pass would
+//! find nothing due), and every sender's debts go back to the tracker.
 //!
 //! For a due engine, [`HeartbeatSender::send_due`] maps this rank to its P
 //! ranks ([`TpMapping::targets`]: P TP 4 / D TP 2 gives two ranks, P TP 2 /
@@ -48,15 +47,25 @@
 //! # Owed heartbeats
 //!
 //! A worker in another process cannot look into the tracker, so the debt
-//! travels: the sender lists the engines it owes
+//! travels: the sender lists the engines it owes **and can act on now**
 //! ([`HeartbeatSender::owed_engines`]), the scheduler requests them
 //! ([`HeartbeatTracker::request_engines`]), and the next plan carries each
 //! again as [`BatchReason::Owed`] whatever its throttle. For an owed engine
-//! the sender serves only the peers still owed: it polls their handshakes
-//! (not in the step a handshake started) and sends at the first step at
-//! which [`Fabric::handshake_state`] is `Ready`, without waiting for the
+//! the sender serves only the peers still owed, and sends at the first step
+//! at which [`Fabric::handshake_state`] is `Ready`, without waiting for the
 //! engine's next interval (the early handshake also speeds up the later KV
-//! READ). The sender keeps nothing per request for this; the batch it needs
+//! READ).
+//!
+//! A plan carries every request id of the engines it names, so an engine is
+//! asked for only when the sender can do something with its batch: an owed
+//! peer became ready (send), or its handshake failed and the backoff ran
+//! out (retry: the address needs the engine's key). While a handshake is
+//! merely pending, the sender polls it itself at the end of each step
+//! ([`HeartbeatSender::finish_step`]), with no plan; a peer backing off
+//! waits without one. So an unreachable P rank costs a plan entry per
+//! retry, not per step: with 10,000 requests queued toward it that was
+//! 630 KB of plan every step, and is now one such plan per backoff period
+//! (`benches/tracker.rs`, `owed_plan`). The sender keeps nothing per request for this; the batch it needs
 //! arrives with the plan. An engine that disappears from the tracker comes
 //! back as a "gone" notice ([`HeartbeatSender::engine_gone`]), and what is
 //! owed to it is dropped. [`HeartbeatSender::step`] runs exactly this loop
@@ -219,6 +228,10 @@ pub struct HeartbeatSender<F: Fabric, A: PeerAddress = DefaultPeerAddress> {
     owed: DenseSet,
     scratch: Box<[u8]>,
     addr: AddrBuf,
+    /// Owed engines the next plan must carry (a subset of `owed`): some
+    /// owed peer is ready, idle, or done backing off. Rebuilt by
+    /// `finish_step`.
+    ripe: DenseSet,
     epoch: u64,
     counters: SenderCounters,
     /// This step so far, for its [`StepReport`].
@@ -275,6 +288,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
             slots: vec![slot; engines as usize].into_boxed_slice(),
             peers: vec![IDLE_PEER; engines as usize * fan as usize].into_boxed_slice(),
             owed: DenseSet::new(engines),
+            ripe: DenseSet::new(engines),
             scratch: vec![0; msg].into_boxed_slice(),
             addr: AddrBuf {
                 buf: vec![0; config.max_address_len as usize].into_boxed_slice(),
@@ -342,14 +356,44 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
     /// the engines still owed back to the tracker
     /// ([`HeartbeatTracker::request_engines`]) for the next step.
     pub fn step(&mut self, tracker: &mut HeartbeatTracker, now: Instant) -> StepReport {
-        tracker.take_gone(|handle| self.engine_gone(handle));
-        tracker.due(now, |batch| {
-            // Errors are counted and kept for the report.
-            let _ = self.send_due(&batch, now);
+        HeartbeatSender::step_all(core::slice::from_mut(self), tracker, now)
+    }
+
+    /// A whole step for several D ranks in this process (one sender each)
+    /// served by one tracker: every sender gets the tracker's "gone"
+    /// notices and every planned engine (the tracker's `due` throttles, so
+    /// it must be one pass for all), each finishes its step, and every
+    /// sender's owed engines go back to the tracker. This is the only
+    /// correct order; doing it by hand, a forgotten `finish_step` or
+    /// `request_engines` silently stops deferred heartbeats. Returns the
+    /// senders' reports summed (`last_error`: the last sender's with one).
+    pub fn step_all(
+        senders: &mut [HeartbeatSender<F, A>],
+        tracker: &mut HeartbeatTracker,
+        now: Instant,
+    ) -> StepReport {
+        tracker.take_gone(|handle| {
+            for s in senders.iter_mut() {
+                s.engine_gone(handle);
+            }
         });
-        let report = self.finish_step();
-        tracker.request_engines(self.owed_engines());
-        report
+        tracker.due(now, |batch| {
+            for s in senders.iter_mut() {
+                // Errors are counted and kept for the report.
+                let _ = s.send_due(&batch, now);
+            }
+        });
+        let mut sum = StepReport::default();
+        for s in senders.iter_mut() {
+            let r = s.finish_step(now);
+            sum.engines_due = sum.engines_due.max(r.engines_due);
+            sum.engines_owed += r.engines_owed;
+            sum.messages_sent += r.messages_sent;
+            sum.peers_owed += r.peers_owed;
+            sum.last_error = r.last_error.or(sum.last_error);
+            tracker.request_engines(s.owed_engines());
+        }
+        sum
     }
 
     /// A whole step of a worker whose scheduler runs in another process:
@@ -366,7 +410,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
             // Errors are counted and kept for the report.
             let _ = self.send_due(&engine, now);
         }
-        self.finish_step()
+        self.finish_step(now)
     }
 
     /// Heartbeats one planned engine. A due engine
@@ -417,9 +461,13 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
     }
 
     /// Ends a step and reports it: engines handed over, messages sent, the
-    /// peers still owed a heartbeat and the step's last error. Handshakes
-    /// started during the step are polled from the next one on.
-    pub fn finish_step(&mut self) -> StepReport {
+    /// peers still owed a heartbeat and the step's last error. Polls the
+    /// pending handshakes of owed peers (those started before this step;
+    /// one started during the step is polled from the next one on) and
+    /// decides which owed engines the next plan must carry
+    /// ([`HeartbeatSender::owed_engines`]).
+    pub fn finish_step(&mut self, now: Instant) -> StepReport {
+        self.poll_owed(now);
         self.epoch += 1;
         let t = core::mem::take(&mut self.this_step);
         self.this_step.messages_before = self.counters.messages_sent;
@@ -433,14 +481,24 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         }
     }
 
-    /// The engines for which some P rank is still owed a heartbeat: report
-    /// them to the tracker ([`HeartbeatTracker::request_engines`]) so that
-    /// it plans them again at the next step.
+    /// The owed engines the next plan must carry, as of the last
+    /// [`HeartbeatSender::finish_step`]: some P rank of each is owed a
+    /// heartbeat and can take it (its handshake is ready) or needs a retry
+    /// (its backoff ran out). Report them to the tracker
+    /// ([`HeartbeatTracker::request_engines`]; the owed section of the
+    /// outcome message). Engines whose owed peers are only pending or
+    /// backing off are not listed: the sender waits on them without a plan
+    /// (module docs, "Owed heartbeats").
     pub fn owed_engines(&self) -> OwedEngines<'_> {
         OwedEngines {
             sender_slots: &self.slots,
-            owed: &self.owed,
+            owed: &self.ripe,
             next: 0,
         }
+    }
+
+    /// Engines with some P rank still owed a heartbeat, ripe or not.
+    pub fn engines_owed(&self) -> u32 {
+        self.owed.len()
     }
 }

@@ -67,6 +67,66 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         Ok(e)
     }
 
+    /// Polls the pending handshakes of owed peers (not those started in
+    /// this step) and rebuilds `ripe`: the owed engines with a peer that is
+    /// ready, idle, done backing off, or whose handshake started in this
+    /// step. O(owed peers).
+    pub(super) fn poll_owed(&mut self, now: Instant) {
+        while let Some(e) = self.ripe.get(0) {
+            self.ripe.remove(e);
+        }
+        let mut k = 0;
+        while let Some(e) = self.owed.get(k) {
+            k += 1;
+            let slot = self.slots[e as usize];
+            let handle = EngineHandle {
+                index: e,
+                generation: slot.generation,
+            };
+            let mut ripe = false;
+            for j in 0..slot.fan_out {
+                let i = self.peer_index(e, j);
+                let peer = self.peers[i];
+                if !peer.owed {
+                    continue;
+                }
+                ripe |= match peer.status {
+                    PeerStatus::Ready { .. } | PeerStatus::Idle => true,
+                    PeerStatus::Failed { retry_at, .. } => now >= retry_at,
+                    // Started in this step: not polled yet (a handshake
+                    // answers at a later step). A first handshake gets one
+                    // more plan, so that a quick one sends at the next step;
+                    // a retry (failures > 0) does not: an unreachable rank
+                    // would cost two plans per retry. Either is then polled
+                    // here, without plans, until it answers.
+                    PeerStatus::Pending(_) if peer.started_epoch == self.epoch => {
+                        peer.failures == 0
+                    }
+                    PeerStatus::Pending(agent) => match self.fabric.handshake_state(agent, now) {
+                        HandshakeState::Pending => false,
+                        HandshakeState::Ready(info) => {
+                            self.counters.handshakes_ready += 1;
+                            let p = &mut self.peers[i];
+                            p.status = PeerStatus::Ready {
+                                agent,
+                                compact: info.compact_heartbeats,
+                            };
+                            p.failures = 0;
+                            true
+                        }
+                        HandshakeState::Failed(err) => {
+                            self.fail_peer(handle, e, j, err, now);
+                            false
+                        }
+                    },
+                };
+            }
+            if ripe {
+                self.ripe.insert(e);
+            }
+        }
+    }
+
     pub(super) fn clear_owed(&mut self, e: u32) {
         let Some(slot) = self.slots.get_mut(e as usize) else {
             return;
@@ -79,6 +139,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
             slot.owed = 0;
         }
         self.owed.remove(e);
+        self.ripe.remove(e);
     }
 
     pub(super) fn set_owed(&mut self, e: u32, k: u32, owed: bool) {
@@ -96,6 +157,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
             slot.owed -= 1;
             if slot.owed == 0 {
                 self.owed.remove(e);
+                self.ripe.remove(e);
             }
         }
         // The owed set is exactly the slots with a debt: what `owed_engines`
@@ -196,6 +258,18 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         err: FabricError,
         now: Instant,
     ) {
+        self.fail_peer(batch.handle(), e, k, err, now);
+    }
+
+    /// Peer `k` of engine slot `e` failed: back off, keep the error.
+    pub(super) fn fail_peer(
+        &mut self,
+        engine: EngineHandle,
+        e: u32,
+        k: u32,
+        err: FabricError,
+        now: Instant,
+    ) {
         self.counters.handshakes_failed += 1;
         let i = self.peer_index(e, k);
         let p = &mut self.peers[i];
@@ -210,7 +284,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
             failures: p.failures,
         };
         self.this_step.error = Some(StepError::Fabric {
-            engine: batch.handle(),
+            engine,
             rank: self.rank_of(e, k),
             error: err,
         });
