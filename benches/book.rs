@@ -329,7 +329,7 @@ fn bench_p_step(c: &mut Criterion, f: &mut Fixture) {
                 let now = s.begin_step();
                 for _ in 0..MSGS_PER_STEP {
                     let j = s.take_msg();
-                    match book.on_notification(0, black_box(message(msgs, j)), now) {
+                    match book.on_notification(0, "d0", black_box(message(msgs, j)), now) {
                         Ok(sum) => {
                             t.renewed += u64::from(sum.renewed);
                             t.ids += u64::from(sum.renewed + sum.ignored);

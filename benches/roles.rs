@@ -159,7 +159,7 @@ fn bench_rank_step(c: &mut Criterion, f: &mut RankFixture) {
                 for _ in 0..MSGS_PER_STEP {
                     let msg = black_box(msgs[j]);
                     j = (j + 1) % count;
-                    let s = f.rank.on_notification(msg, now).expect("decodes");
+                    let s = f.rank.on_notification("d0", msg, now).expect("decodes");
                     renewed += u64::from(s.renewed);
                     ids += u64::from(s.renewed + s.ignored);
                 }
@@ -179,7 +179,7 @@ fn bench_rank_step(c: &mut Criterion, f: &mut RankFixture) {
             for _ in 0..MSGS_PER_STEP {
                 let msg = black_box(f.text[j].as_bytes());
                 j = (j + 1) % count;
-                let s = f.book.on_notification(0, msg, now).expect("decodes");
+                let s = f.book.on_notification(0, "d0", msg, now).expect("decodes");
                 renewed += u64::from(s.renewed);
                 ids += u64::from(s.renewed + s.ignored);
             }
@@ -333,7 +333,7 @@ fn bench_sched_step(c: &mut Criterion, f: &mut SchedFixture) {
             for _ in 0..CHURN {
                 let (i, nonce) = f.book_live.pop_front().expect("live");
                 f.book
-                    .read_done(0, f.ids[i].as_bytes(), 1, Some(nonce), now);
+                    .read_done(0, "d0", f.ids[i].as_bytes(), 1, Some(nonce), now);
                 f.book_spare.push_back(i);
             }
             let tickets = &mut f.tickets;

@@ -78,7 +78,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         // P's engine step.
         for msg in inbox.drain(..) {
-            book.on_notification(0, &msg, now)?;
+            book.on_notification(0, "d0", &msg, now)?;
         }
         book.poll(now);
         // finished_sending: the engine frees the blocks, then the slots go back.

@@ -64,7 +64,7 @@ fn verified_read_implies_the_rank_held_the_blocks() {
         let worker = {
             let ipc = ipc.clone();
             thread::spawn(move || {
-                rank.read_done(b"req-a", 1, Some(lease.nonce));
+                rank.read_done(b"d0", b"req-a", 1, Some(lease.nonce));
                 let mut out = vec![0u8; rank.max_reports_len()];
                 let n = rank.encode_reports(&mut out).unwrap();
                 out.truncate(n);

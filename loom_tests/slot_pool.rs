@@ -111,7 +111,7 @@ fn reader_sees_old_nonce_only_with_old_block() {
         };
 
         // P: the lease ends (read-done from another reader, or expiry).
-        book.read_done(0, b"req-a", 1, Some(nonce), Instant::ZERO);
+        book.read_done(0, "d0", b"req-a", 1, Some(nonce), Instant::ZERO);
         let mut ticket = None;
         book.drain_released(|r| ticket = r.slot);
         // The engine reuses the blocks for another request...

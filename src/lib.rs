@@ -63,8 +63,9 @@
 //!
 //! // Each engine step:
 //! let now = clock.now();
-//! for msg in [&b"HB:req-1"[..]] {            // notifications drained from the fabric
-//!     let _ = book.on_notification(0, msg, now); // errors are counted and returned for logging
+//! // Notifications drained from the fabric, with their sender's agent name.
+//! for (from, msg) in [("decode-0", &b"HB:req-1"[..])] {
+//!     let _ = book.on_notification(0, from, msg, now); // errors are counted and returned for logging
 //! }
 //! book.poll(now);                             // expire what is due: O(levels + expired + re-placed)
 //! book.drain_released(|released| {

@@ -133,7 +133,7 @@ fn decoder_ttl_steps_allocate_nothing() {
             for (r, rank) in ranks.iter_mut().enumerate() {
                 rank.apply_directives(&meta[..n], now).unwrap();
                 if j % 2 == 0 && done_len[j] > 0 {
-                    let _ = rank.on_notification(&done[j][..done_len[j]], now);
+                    let _ = rank.on_notification("d0", &done[j][..done_len[j]], now);
                 }
                 rank.poll(now);
                 let m = rank.encode_reports(&mut out).unwrap();

@@ -103,13 +103,15 @@ fn routing_the_engines_drain_into_kvlease_allocates_nothing() {
                 d.send_notification(to_p, own).unwrap();
             }
             // P's engine: one drain, each message routed to kvlease first.
-            p.drain_notifications(&mut |_from, msg| match rank.on_notification(msg, now) {
-                Ok(s) => {
-                    ours += 1;
-                    renewed += u64::from(s.renewed);
-                }
-                Err(_) => engines += 1,
-            })
+            p.drain_notifications(
+                &mut |_from, msg| match rank.on_notification("d0", msg, now) {
+                    Ok(s) => {
+                        ours += 1;
+                        renewed += u64::from(s.renewed);
+                    }
+                    Err(_) => engines += 1,
+                },
+            )
             .unwrap();
             rank.poll(now);
             // D drains too, every step (nothing arrives).

@@ -72,20 +72,20 @@ fn p_side_steps_allocate_nothing_after_construction() {
                     }
                 }
                 4 => {
-                    book.read_done(0, id.as_bytes(), 1, nonces[k], now);
+                    book.read_done(0, "d0", id.as_bytes(), 1, nonces[k], now);
                 }
                 5 => {
-                    book.read_done(0, id.as_bytes(), 2, None, now);
-                    book.read_done(0, b"unknown", 1, None, now);
+                    book.read_done(0, "d0", id.as_bytes(), 2, None, now);
+                    book.read_done(0, "d0", b"unknown", 1, None, now);
                 }
                 6 => {
                     book.cancel(id);
                 }
                 _ => {
                     let msg = &heartbeats[k % heartbeats.len()];
-                    let _ = book.on_notification(0, msg.as_bytes(), now);
-                    let _ = book.on_notification(0, b"HBC:not-hex", now);
-                    let _ = book.on_notification(0, compact.as_bytes(), now);
+                    let _ = book.on_notification(0, "d0", msg.as_bytes(), now);
+                    let _ = book.on_notification(0, "d0", b"HBC:not-hex", now);
+                    let _ = book.on_notification(0, "d0", compact.as_bytes(), now);
                 }
             }
             book.poll(now);

@@ -17,6 +17,7 @@
 //! | `kv_lease_max_request_id_len` | 128 | longest request id, in bytes (ids are stored inline) |
 //! | `kv_lease_wheel_tick_ms` | 10 | timer-wheel resolution: expiry is late by at most one tick |
 //! | `kv_lease_max_hold` | off | ceiling on how long heartbeats can keep one lease alive, whole seconds (`600` or `600.0`) |
+//! | `kv_lease_max_pin` | 480 | longest a lease may stay assigned but not started (its prefill running) before the ranks let it go, seconds (any positive number); the safety net for an engine that aborts a request without cancelling its lease |
 //! | `kv_lease_max_tracked_requests` | 65,536 | requests D heartbeats at once (waiting ones included) |
 //! | `kv_lease_max_remote_engines` | 64 | distinct P engines D heartbeats at once |
 //! | `kv_lease_max_fan_out` | 16 | most P ranks one D rank reads from, heartbeats and verifies for one request (P TP / D TP × P PP), 1..=64; the sender and the verifier both take this one number |
@@ -109,6 +110,12 @@ pub struct LeaseConfig {
     /// `kv_lease_max_hold`: heartbeats cannot keep a lease past
     /// grant + this many seconds. `None`: no ceiling (vLLM's behaviour).
     pub max_hold_secs: Option<u64>,
+    /// `kv_lease_max_pin`: a lease assigned at the start of its prefill and
+    /// not started within this long is let go by every rank (reason
+    /// `Expired`), so an aborted request whose engine never called
+    /// `cancel` does not keep its entry and slot forever. 480 s, vLLM's
+    /// old `VLLM_NIXL_ABORT_REQUEST_TIMEOUT`: no prefill runs that long.
+    pub max_pin: Duration,
     /// `kv_lease_max_tracked_requests`: requests D heartbeats at once,
     /// [`DEFAULT_MAX_TRACKED_REQUESTS`] unless set.
     pub max_tracked_requests: u32,
@@ -222,6 +229,7 @@ const KNOWN_KEYS: &[&str] = &[
     "kv_lease_max_request_id_len",
     "kv_lease_wheel_tick_ms",
     "kv_lease_max_hold",
+    "kv_lease_max_pin",
     "kv_lease_max_tracked_requests",
     "kv_lease_max_remote_engines",
     "kv_lease_max_fan_out",
@@ -249,6 +257,7 @@ impl LeaseConfig {
             max_request_id_len: 128,
             wheel_tick_ms: 10,
             max_hold_secs: None,
+            max_pin: Duration::from_secs(480),
             max_tracked_requests: DEFAULT_MAX_TRACKED_REQUESTS,
             max_remote_engines: 64,
             max_fan_out: DEFAULT_MAX_FAN_OUT,
@@ -348,6 +357,12 @@ impl LeaseConfig {
         duration_range(
             "decoder_kv_blocks_ttl",
             self.decoder_kv_blocks_ttl,
+            Duration::from_nanos(1),
+            RULE_TTL,
+        )?;
+        duration_range(
+            "kv_lease_max_pin",
+            self.max_pin,
             Duration::from_nanos(1),
             RULE_TTL,
         )?;

@@ -82,6 +82,7 @@ impl LeaseConfig {
                         Some(whole_secs("kv_lease_max_hold", v)?)
                     }
                 }
+                "kv_lease_max_pin" => c.max_pin = secs("kv_lease_max_pin", v, 0.0, RULE_TTL)?,
                 "kv_lease_max_tracked_requests" => {
                     c.max_tracked_requests = u32_key("kv_lease_max_tracked_requests", v)?
                 }

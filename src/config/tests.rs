@@ -355,7 +355,7 @@ fn hand_built_config_with_huge_duration_never_panics() {
         let now = crate::Instant::from_secs(1);
         let mut book = crate::LeaseBook::new(&c, now);
         book.grant("req-a", now).unwrap();
-        let _ = book.on_notification(0, b"HB:req-a", now);
+        let _ = book.on_notification(0, "d0", b"HB:req-a", now);
         book.poll(crate::Instant::MAX);
         assert_eq!(
             book.held(),

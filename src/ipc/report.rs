@@ -11,7 +11,8 @@
 //!  offset size field
 //!       0    8 nonce   the lease's nonce (names the lease, with the entry)
 //!       8    4 entry   the lease's entry
-//!      12    1 reason  1 read done, 2 expired, 3 cancelled
+//!      12    1 reason  1 read done, 2 expired, 3 cancelled, 4 not held (the
+//!                        rank never held the lease: a missed or refused Grant)
 //!      13    3 reserved 0
 //! ```
 //!
@@ -53,6 +54,7 @@ fn reason_code(r: ReleaseReason) -> u8 {
         ReleaseReason::ReadDone => 1,
         ReleaseReason::Expired => 2,
         ReleaseReason::Cancelled => 3,
+        ReleaseReason::NotHeld => 4,
     }
 }
 
@@ -61,6 +63,7 @@ fn reason_from(c: u8) -> Option<ReleaseReason> {
         1 => Some(ReleaseReason::ReadDone),
         2 => Some(ReleaseReason::Expired),
         3 => Some(ReleaseReason::Cancelled),
+        4 => Some(ReleaseReason::NotHeld),
         _ => None,
     }
 }

@@ -42,7 +42,7 @@ use super::scheduler::{
     Assignment, Grant, GrantError, LeaseStatus, PrefillScheduler, Released, SchedulerError,
     StartError,
 };
-use super::{ReadDoneOutcome, Renewal};
+use super::{ReadDoneOutcome, Renewal, ShareOutcome};
 use crate::config::LeaseConfig;
 use crate::nonce::{Nonce, NonceSource};
 use crate::slot_pool::{SlotPool, SlotTicket};
@@ -290,14 +290,16 @@ impl LeaseBook {
         total
     }
 
-    /// Counts one read-done notification received on local rank `rank`
-    /// (`consumers`: the decoder ranks that read from that rank). Returns
+    /// Counts one read-done notification that local rank `rank` received
+    /// from agent `sender` (`consumers`: the decoder ranks that read from
+    /// that rank; each sender counts once per lease). Returns
     /// [`ReadDoneOutcome::Released`] when it completed the whole lease (every
     /// rank released its share), `Counted` when it only advanced or completed
     /// this rank's share.
     pub fn read_done(
         &mut self,
         rank: u32,
+        sender: &str,
         request_id: &[u8],
         consumers: u32,
         nonce: Option<Nonce>,
@@ -307,7 +309,7 @@ impl LeaseBook {
             self.read_done_bad_rank += 1;
             return ReadDoneOutcome::BadRank;
         };
-        let outcome = r.read_done(request_id, consumers, nonce);
+        let outcome = r.read_done(sender.as_bytes(), request_id, consumers, nonce);
         self.after_rank_event(rank, request_id, outcome)
     }
 
@@ -357,15 +359,17 @@ impl LeaseBook {
         self.scheduler.blocks_freed(ticket);
     }
 
-    /// Decodes one notification received on local rank `rank` and applies
-    /// it on that rank (see [`PrefillRank::on_notification`]); a read-done
-    /// outcome is reported as [`LeaseBook::read_done`] reports it.
+    /// Decodes one notification that local rank `rank` received from agent
+    /// `sender` and applies it on that rank (see
+    /// [`PrefillRank::on_notification`]); a read-done outcome is reported as
+    /// [`LeaseBook::read_done`] reports it.
     pub fn on_notification(
         &mut self,
         rank: u32,
+        sender: &str,
         msg: &[u8],
         now: Instant,
-    ) -> Result<InboxSummary, WireError> {
+    ) -> Result<InboxSummary<ReadDoneOutcome>, WireError> {
         let Some(r) = self.ranks.get_mut(rank as usize) else {
             // A notification for a rank the book does not have: decode it
             // for the caller's error, count it as a bad rank.
@@ -377,16 +381,25 @@ impl LeaseBook {
                 ..InboxSummary::default()
             });
         };
-        let mut summary = r.on_notification(msg, now)?;
-        if let Some(outcome) = summary.read_done {
-            // The id was in the message; the rank's outcome is per rank.
-            let id = match crate::wire::decode(msg) {
-                Ok(crate::wire::Notification::ReadDone(rd)) => rd.request_id,
-                _ => "",
-            };
-            summary.read_done = Some(self.after_rank_event(rank, id.as_bytes(), outcome));
-        }
-        Ok(summary)
+        let summary = r.on_notification(sender, msg, now)?;
+        let read_done = match summary.read_done {
+            Some(outcome) => {
+                // The id was in the message; the rank's outcome is per rank.
+                let id = match crate::wire::decode(msg) {
+                    Ok(crate::wire::Notification::ReadDone(rd)) => rd.request_id,
+                    _ => "",
+                };
+                Some(self.after_rank_event(rank, id.as_bytes(), outcome))
+            }
+            // No read-done: the rank's reports (none from a heartbeat) are
+            // still forwarded at the next event or poll.
+            None => None,
+        };
+        Ok(InboxSummary {
+            renewed: summary.renewed,
+            ignored: summary.ignored,
+            read_done,
+        })
     }
 
     /// Forwards rank `rank`'s reports and turns its read-done outcome into
@@ -395,11 +408,11 @@ impl LeaseBook {
         &mut self,
         rank: u32,
         request_id: &[u8],
-        outcome: ReadDoneOutcome,
+        outcome: ShareOutcome,
     ) -> ReadDoneOutcome {
         self.pull_reports(rank);
-        if outcome != ReadDoneOutcome::Released {
-            return outcome;
+        if outcome != ShareOutcome::ShareReleased {
+            return ReadDoneOutcome::from_share(outcome);
         }
         let id = core::str::from_utf8(request_id).unwrap_or("");
         match self.scheduler.status(id) {

@@ -48,6 +48,18 @@ pub struct SchedulerCounters {
     pub expired: u64,
     /// Leases released because the engine cancelled them.
     pub cancelled: u64,
+    /// Leases released with some rank that never held them (a missed or
+    /// refused Grant, a lost rank): failed closed on that rank.
+    pub not_held: u64,
+    /// Rank reports of "not held" applied (a rank that missed a Grant).
+    pub reports_not_held: u64,
+    /// Leases counted as let go by a lost rank (`rank_lost`), including
+    /// those granted while it was lost.
+    pub lost_rank_releases: u64,
+    /// Ranks resynchronised after a restart (`rank_restarted`).
+    pub ranks_restarted: u64,
+    /// Grants refused because every rank was lost.
+    pub grant_refused_no_ranks: u64,
     /// Releases handed to the engine by `drain_released`.
     pub reported: u64,
     /// Slots given back through the scheduler after the engine freed the blocks.
@@ -108,6 +120,22 @@ pub struct RankCounters {
     pub expired: u64,
     /// This rank's shares released because the scheduler cancelled them.
     pub cancelled: u64,
+    /// Of the expired, leases let go while still pinned (assigned, never
+    /// started within `kv_lease_max_pin`).
+    pub pinned_expired: u64,
+    /// "Not held" reports queued: a Start or Cancel for a lease this rank
+    /// does not hold, or a Grant it refused.
+    pub not_held_reported: u64,
+    /// Read-done notifications from a sender already counted for the lease:
+    /// dropped (each (sender, lease) counts once).
+    pub read_done_duplicate_sender: u64,
+    /// Senders forgotten to make room in the sender table (more distinct
+    /// decoder agents than it holds were talking to this rank).
+    pub senders_evicted: u64,
+    /// Reports dropped because the report queue was full (the engine did
+    /// not ship reports for many steps); the scheduler then waits for the
+    /// lease until `cancel` or `rank_restarted`.
+    pub reports_dropped: u64,
     /// Reports handed to the scheduler (in messages or in process).
     pub reports_sent: u64,
 }
@@ -162,6 +190,10 @@ pub struct BookCounters {
     pub expired: u64,
     /// Leases released because the engine cancelled them.
     pub cancelled: u64,
+    /// Leases released with a rank that never held them.
+    pub not_held: u64,
+    /// Read-done notifications from a sender already counted: dropped.
+    pub read_done_duplicate_sender: u64,
     /// Releases handed to the engine by `drain_released`.
     pub reported: u64,
     /// Slots given back through the book after the engine freed the blocks.
@@ -186,6 +218,7 @@ impl BookCounters {
             released_read: s.released_read,
             expired: s.expired,
             cancelled: s.cancelled,
+            not_held: s.not_held,
             reported: s.reported,
             slots_returned: s.slots_returned,
             ..BookCounters::default()
@@ -200,6 +233,7 @@ impl BookCounters {
             b.read_done_without_nonce += r.read_done_without_nonce;
             b.read_done_unknown += r.read_done_unknown;
             b.read_done_stale_nonce += r.read_done_stale_nonce;
+            b.read_done_duplicate_sender += r.read_done_duplicate_sender;
             b.malformed_notifications += r.malformed_notifications;
             b.clock_messages += r.clock_messages;
         }

@@ -5,33 +5,51 @@
 //! nothing: decoding borrows from the message and renewal is in place.
 
 use crate::producer::rank::PrefillRank;
-use crate::producer::ReadDoneOutcome;
+use crate::producer::ShareOutcome;
 use crate::time::Instant;
 use crate::wire::{self, Notification, WireError};
 
-/// What one notification did on a rank.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct InboxSummary {
+/// What one notification did: on a rank (`R` = [`ShareOutcome`], about the
+/// rank's share) or on a [`crate::LeaseBook`] (`R` =
+/// [`crate::ReadDoneOutcome`], about the whole lease).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InboxSummary<R = ShareOutcome> {
     /// Leases renewed (fully or up to their max-hold ceiling).
     pub renewed: u32,
     /// Heartbeat entries for leases the rank does not hold (or whose nonce
     /// did not match): ignored, as vLLM ignores unknown ids.
     pub ignored: u32,
     /// The outcome of a read-done notification, if it was one.
-    pub read_done: Option<ReadDoneOutcome>,
+    pub read_done: Option<R>,
+}
+
+impl<R> Default for InboxSummary<R> {
+    fn default() -> Self {
+        InboxSummary {
+            renewed: 0,
+            ignored: 0,
+            read_done: None,
+        }
+    }
 }
 
 impl PrefillRank {
-    /// Decodes one notification this rank received and applies it: a
-    /// heartbeat renews every id it names that the rank holds, a compact
-    /// heartbeat every (slot, nonce) that matches, a read-done counts toward
-    /// this rank's release. A message that does not decode changes nothing,
+    /// Decodes one notification this rank received from agent `sender` (the
+    /// sender's name, as the fabric delivers it) and applies it: a heartbeat
+    /// renews every id it names that the rank holds, a compact heartbeat
+    /// every (slot, nonce) that matches, a read-done counts toward this
+    /// rank's release, once per sender and lease. A message that does not decode changes nothing,
     /// is counted in `malformed_notifications`, and its error is returned for
     /// the engine to log.
     ///
     /// A clock ping or pong ([`crate::clock_ping`]) is no read-done: it is
     /// counted in `clock_messages` and changes nothing.
-    pub fn on_notification(&mut self, msg: &[u8], now: Instant) -> Result<InboxSummary, WireError> {
+    pub fn on_notification(
+        &mut self,
+        sender: &str,
+        msg: &[u8],
+        now: Instant,
+    ) -> Result<InboxSummary, WireError> {
         if crate::clock_ping::is_clock_message(msg) {
             self.note_clock_message();
             return Ok(InboxSummary::default());
@@ -60,8 +78,12 @@ impl PrefillRank {
                 summary.ignored = ignored;
             }
             Notification::ReadDone(rd) => {
-                summary.read_done =
-                    Some(self.read_done(rd.request_id.as_bytes(), rd.consumers, rd.nonce));
+                summary.read_done = Some(self.read_done(
+                    sender.as_bytes(),
+                    rd.request_id.as_bytes(),
+                    rd.consumers,
+                    rd.nonce,
+                ));
             }
         }
         Ok(summary)

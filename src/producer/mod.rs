@@ -76,7 +76,7 @@ pub use book::{BookError, LeaseBook};
 pub use counters::{BookCounters, RankCounters, SchedulerCounters};
 pub use inbox::InboxSummary;
 pub use layout::EntryLayout;
-pub use outcomes::{ReadDoneOutcome, ReleaseReason, Renewal};
+pub use outcomes::{ReadDoneOutcome, ReleaseReason, Renewal, ShareOutcome};
 pub use rank::{DirectiveOutcome, DirectiveSummary, PrefillRank, RankError};
 pub use scheduler::{
     Assignment, Grant, GrantError, LeaseStatus, PrefillScheduler, Released, ReportOutcome,

@@ -44,7 +44,7 @@ use crate::config::{EngineShape, LeaseConfig};
 use crate::lease_fields::LeaseFields;
 use crate::nonce::{Nonce, NonceSource};
 use crate::producer::{
-    GrantError, LeaseStatus, PrefillRank, PrefillScheduler, ReadDoneOutcome, ReleaseReason, Renewal,
+    GrantError, LeaseStatus, PrefillRank, PrefillScheduler, ReleaseReason, Renewal, ShareOutcome,
 };
 use crate::slot_pool::{SlotPool, SlotTicket};
 use crate::slots::LeaseSlots;
@@ -125,6 +125,9 @@ pub enum RolesOp {
         /// The rank (may be out of range).
         #[arbitrary(with = |u: &mut Unstructured| u.int_in_range(0..=3))]
         rank: u8,
+        /// The sending decoder agent (`d0`..`d2`): each counts once per lease.
+        #[arbitrary(with = |u: &mut Unstructured| u.int_in_range(0..=2))]
+        sender: u8,
         /// Index into the id universe.
         #[arbitrary(with = id_index)]
         id: u8,
@@ -141,8 +144,14 @@ pub enum RolesOp {
         id: u8,
     },
     /// One engine step's IPC: directives to every rank, then every rank's
-    /// reports to the scheduler, all as bytes.
-    Step,
+    /// reports to the scheduler, all as bytes. The ranks whose bits are set
+    /// in `lose` never get this step's directive message (lost on the
+    /// engine's IPC).
+    Step {
+        /// Bit r: rank r loses the directive message.
+        #[arbitrary(with = lost_mask)]
+        lose: u8,
+    },
     /// Time passes by `ms` milliseconds, then every rank polls.
     Advance {
         /// Milliseconds.
@@ -168,6 +177,15 @@ fn id_index(u: &mut Unstructured<'_>) -> arbitrary::Result<u8> {
 /// whose bits are clear, so that ranks diverge now and then but not always.
 fn rank_mask(u: &mut Unstructured<'_>) -> arbitrary::Result<u8> {
     Ok(if u.arbitrary()? { 0xFF } else { u.arbitrary()? })
+}
+
+/// Mostly no loss; now and then one rank (or several) misses a message.
+fn lost_mask(u: &mut Unstructured<'_>) -> arbitrary::Result<u8> {
+    Ok(if u.int_in_range(0..=7u8)? == 0 {
+        u.arbitrary::<u8>()? & 0b111
+    } else {
+        0
+    })
 }
 
 /// Up to about 260 s, mostly short: the square spreads the draws over wheel
@@ -204,8 +222,12 @@ struct RankLease {
     deadline: Option<Instant>,
     floor: Instant,
     hold_until: Instant,
+    /// While pinned: the `kv_lease_max_pin` deadline.
+    pinned_until: Instant,
     /// (expected, seen).
     reads: (u32, u32),
+    /// Bit i: sender `d{i}`'s read-done was counted.
+    readers: u8,
 }
 
 #[derive(Clone, Debug)]
@@ -267,6 +289,8 @@ impl RolesHarness {
         config.verification = shape_byte & 0x10 == 0;
         config.max_hold_secs = (shape_byte & 0x20 != 0).then_some(45);
         config.wheel_tick_ms = [10, 1, 100, 7][usize::from(shape_byte >> 6)];
+        // Reachable within a few Advance ops: a pinned lease lets go.
+        config.max_pin = Duration::from_secs(90);
         if config.validate().is_err() {
             unreachable!("harness config is valid by construction");
         }
@@ -282,10 +306,14 @@ impl RolesHarness {
             Ok(s) => s,
             Err(e) => unreachable!("harness scheduler: {e}"),
         };
+        // With three ranks, rank 2 stores shorter ids ("r:10" and "r:11"
+        // do not fit): it refuses their Grants and must answer "not held".
+        let mut short_ids = config.clone();
+        short_ids.max_request_id_len = 3;
         let ranks = (0..n_ranks)
             .map(|r| {
-                match PrefillRank::new(&config, r, Arc::new(LeaseSlots::new(slots)), Instant::ZERO)
-                {
+                let c = if r == 2 { &short_ids } else { &config };
+                match PrefillRank::new(c, r, Arc::new(LeaseSlots::new(slots)), Instant::ZERO) {
                     Ok(rank) => rank,
                     Err(e) => unreachable!("harness rank: {e}"),
                 }
@@ -344,17 +372,19 @@ impl RolesHarness {
             RolesOp::RenewSlot { slot, nonce, ranks } => self.renew_slot(slot, nonce, ranks),
             RolesOp::ReadDone {
                 rank,
+                sender,
                 id,
                 consumers,
                 nonce,
             } => self.read_done(
                 usize::from(rank),
+                sender,
                 usize::from(id),
                 u32::from(consumers),
                 nonce,
             ),
             RolesOp::Cancel { id } => self.cancel(usize::from(id)),
-            RolesOp::Step => self.step(),
+            RolesOp::Step { lose } => self.step(lose),
             RolesOp::Advance { ms } => self.advance(ms),
             RolesOp::Drain => self.drain(),
             RolesOp::FreeBlocks { n } => {

@@ -170,7 +170,7 @@ impl RolesHarness {
             if ranks & (1 << r) == 0 {
                 continue;
             }
-            let got = self.ranks[r].on_notification(&msg, self.now);
+            let got = self.ranks[r].on_notification("d0", &msg, self.now);
             if chosen.is_empty() {
                 // `HB:` with no id renews nothing, whatever the codec thinks of it.
                 assert!(
@@ -236,7 +236,14 @@ impl RolesHarness {
         }
     }
 
-    pub(super) fn read_done(&mut self, rank: usize, id: usize, consumers: u32, pick: NoncePick) {
+    pub(super) fn read_done(
+        &mut self,
+        rank: usize,
+        sender: u8,
+        id: usize,
+        consumers: u32,
+        pick: NoncePick,
+    ) {
         if rank >= self.n_ranks() {
             return;
         }
@@ -245,35 +252,41 @@ impl RolesHarness {
             .get(&id)
             .and_then(|l| l.ranks[rank].as_ref().map(|_| l.nonce));
         let nonce = self.pick_nonce(pick, held);
-        let got = self.ranks[rank].read_done(self.ids[id].as_bytes(), consumers, nonce);
+        let from = format!("d{sender}");
+        let got =
+            self.ranks[rank].read_done(from.as_bytes(), self.ids[id].as_bytes(), consumers, nonce);
         let want = match (self.model.get_mut(&id), held) {
             (Some(l), Some(current)) => {
                 if nonce.is_some_and(|n| n != current) {
-                    ReadDoneOutcome::StaleNonce
+                    ShareOutcome::StaleNonce
                 } else {
-                    let rl = l.ranks[rank].as_mut().map(|rl| &mut rl.reads);
-                    match rl {
-                        Some((expected, seen)) => {
+                    match l.ranks[rank].as_mut() {
+                        Some(rl) if rl.readers & (1 << sender) != 0 => {
+                            ShareOutcome::DuplicateSender
+                        }
+                        Some(rl) => {
+                            rl.readers |= 1 << sender;
+                            let (expected, seen) = &mut rl.reads;
                             if *expected == 0 {
                                 *expected = consumers.max(1);
                             }
                             *seen += 1;
                             if *seen >= *expected {
                                 self.model_rank_release(id, rank, ReleaseReason::ReadDone);
-                                ReadDoneOutcome::Released
+                                ShareOutcome::ShareReleased
                             } else {
-                                ReadDoneOutcome::Counted
+                                ShareOutcome::Counted
                             }
                         }
-                        None => ReadDoneOutcome::Unknown,
+                        None => ShareOutcome::Unknown,
                     }
                 }
             }
-            _ => ReadDoneOutcome::Unknown,
+            _ => ShareOutcome::Unknown,
         };
         assert_eq!(
             got, want,
-            "read_done rank {rank} id {id} consumers {consumers} {pick:?}"
+            "read_done rank {rank} from d{sender} id {id} consumers {consumers} {pick:?}"
         );
     }
 }

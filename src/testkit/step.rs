@@ -25,14 +25,19 @@ impl RolesHarness {
         }
     }
 
-    pub(super) fn step(&mut self) {
-        // Directives down: the same bytes to every rank.
+    /// One step's IPC; the ranks whose bits are set in `lose` never get
+    /// this step's directive message.
+    pub(super) fn step(&mut self, lose: u8) {
+        // Directives down: the same bytes to every rank (that gets them).
         let n = match self.scheduler.encode_directives(self.now, &mut self.buf) {
             Ok(n) => n,
             Err(e) => panic!("directives did not fit a 64 KiB buffer: {e}"),
         };
         let msg = self.buf[..n].to_vec();
         for rank in &mut self.ranks {
+            if lose & (1 << rank.rank()) != 0 {
+                continue;
+            }
             if let Err(e) = rank.apply_directives(&msg, self.now) {
                 panic!(
                     "rank {} refused the scheduler's directives: {e}",
@@ -40,7 +45,7 @@ impl RolesHarness {
                 );
             }
         }
-        self.model_directives();
+        self.model_directives(lose);
         // Reports up, rank by rank.
         for r in 0..self.n_ranks() {
             let n = match self.ranks[r].encode_reports(&mut self.buf) {
@@ -55,47 +60,80 @@ impl RolesHarness {
         }
     }
 
-    pub(super) fn model_directives(&mut self) {
+    /// The model's view of one directive message, delivered to every rank
+    /// but those in `lose`. A rank answers a Grant it refuses (rank 2 of
+    /// three stores ids of at most 3 bytes), and a Start or Cancel for a
+    /// lease it does not hold, with "not held".
+    pub(super) fn model_directives(&mut self, lose: u8) {
         let now = self.now;
+        let max_pin = self.config.max_pin;
         let ids: Vec<usize> = self.model.keys().copied().collect();
         for id in ids {
             let n = self.n_ranks();
+            let long_id = self.ids[id].len() > 3;
             let Some(l) = self.model.get_mut(&id) else {
                 continue;
             };
+            let gets = |r: usize| lose & (1 << r) == 0;
+
             if l.grant_pending {
                 l.grant_pending = false;
                 let (deadline, hold) = match (l.started, l.start_pending) {
                     (Some((x, h)), true) => {
+                        // A Start queued with its Grant travels inside it.
                         l.start_pending = false;
                         (Some(x.max(now)), h.max(now))
                     }
                     _ => (None, Instant::MAX),
                 };
                 for r in 0..n {
+                    if !gets(r) {
+                        continue;
+                    }
+                    if r == 2 && long_id {
+                        not_held(l, r);
+                        continue;
+                    }
                     l.ranks[r] = Some(RankLease {
                         deadline,
                         floor: Instant::ZERO,
                         hold_until: hold,
+                        pinned_until: now + max_pin,
                         reads: (0, 0),
+                        readers: 0,
                     });
                 }
             }
             if l.start_pending {
                 l.start_pending = false;
                 if let Some((x, h)) = l.started {
-                    for rl in l.ranks.iter_mut().flatten() {
-                        if rl.deadline.is_none() {
-                            rl.deadline = Some(rl.floor.max(x.max(now)));
-                            rl.hold_until = h.max(now);
+                    for r in 0..n {
+                        if !gets(r) {
+                            continue;
+                        }
+                        match l.ranks[r].as_mut() {
+                            Some(rl) if rl.deadline.is_none() => {
+                                rl.deadline = Some(rl.floor.max(x.max(now)));
+                                rl.hold_until = h.max(now);
+                            }
+                            Some(_) => {}
+                            None => not_held(l, r),
                         }
                     }
                 }
             }
             if l.cancel_pending {
                 l.cancel_pending = false;
-                for r in 0..n {
-                    self.model_rank_release(id, r, ReleaseReason::Cancelled);
+                let holders: Vec<bool> = l.ranks.iter().map(Option::is_some).collect();
+                for (r, holds) in holders.into_iter().enumerate() {
+                    if !gets(r) {
+                        continue;
+                    }
+                    if holds {
+                        self.model_rank_release(id, r, ReleaseReason::Cancelled);
+                    } else if let Some(l) = self.model.get_mut(&id) {
+                        not_held(l, r);
+                    }
                 }
             }
         }
@@ -106,7 +144,9 @@ impl RolesHarness {
             let Some(reason) = l.unreported[r].take() else {
                 continue;
             };
-            if l.reason.is_some() {
+            // Released already, or a second answer from this rank (a "not
+            // held" after its expiry was reported): the scheduler ignores it.
+            if l.reason.is_some() || l.reported[r] {
                 continue;
             }
             l.reported[r] = true;
@@ -129,11 +169,15 @@ impl RolesHarness {
             let held: Vec<usize> = self
                 .model
                 .iter()
-                .filter(|(_, l)| l.ranks[r].as_ref().is_some_and(|rl| rl.deadline.is_some()))
+                .filter(|(_, l)| l.ranks[r].is_some())
                 .map(|(i, _)| *i)
                 .collect();
             for id in held {
-                let Some(deadline) = self.model[&id].ranks[r].as_ref().and_then(|x| x.deadline)
+                // A started lease by its deadline, a pinned one by its
+                // kv_lease_max_pin.
+                let Some(deadline) = self.model[&id].ranks[r]
+                    .as_ref()
+                    .map(|x| x.deadline.unwrap_or(x.pinned_until))
                 else {
                     continue;
                 };
@@ -246,5 +290,13 @@ impl RolesHarness {
                 "status of {id}"
             );
         }
+    }
+}
+
+/// Rank `r` answers a directive for a lease it does not hold: "not held",
+/// unless it already has a release of that lease on its way.
+fn not_held(l: &mut ModelLease, r: usize) {
+    if l.unreported[r].is_none() && !l.reported[r] {
+        l.unreported[r] = Some(ReleaseReason::NotHeld);
     }
 }

@@ -93,7 +93,7 @@ fn blocks_are_kept_for_exactly_the_ttl_and_no_heartbeat_extends_them() {
     // past the fixed term.
     let hb = Instant::from_secs(102);
     for rank in &mut d.ranks {
-        rank.on_notification(b"HB:turn-1", hb).unwrap();
+        rank.on_notification("d0", b"HB:turn-1", hb).unwrap();
         assert_eq!(rank.expiry("turn-1"), Some(t0 + ttl));
     }
     d.step(t0 + Duration::from_millis(2_490));
@@ -121,15 +121,19 @@ fn read_done_from_p_frees_early_and_a_stale_nonce_does_not() {
     let stale = format!("turn-1:1:nonce={:016x}", nonce.get() ^ 1);
     let done = format!("turn-1:1:nonce={:016x}", nonce.get());
     for rank in &mut d.ranks {
-        rank.on_notification(stale.as_bytes(), t0).unwrap();
+        rank.on_notification("d0", stale.as_bytes(), t0).unwrap();
     }
     d.step(t0 + Duration::from_secs(1));
     assert!(d.freed.is_empty(), "a stale read-done frees nothing");
     // P's reader on rank 0 finished; rank 1's has not: still held.
-    d.ranks[0].on_notification(done.as_bytes(), t0).unwrap();
+    d.ranks[0]
+        .on_notification("d0", done.as_bytes(), t0)
+        .unwrap();
     d.step(t0 + Duration::from_secs(2));
     assert!(d.freed.is_empty(), "freed only when every rank let go");
-    d.ranks[1].on_notification(done.as_bytes(), t0).unwrap();
+    d.ranks[1]
+        .on_notification("d0", done.as_bytes(), t0)
+        .unwrap();
     d.step(t0 + Duration::from_secs(3));
     assert_eq!(d.freed, [("turn-1".to_owned(), ReleaseReason::ReadDone)]);
 }
@@ -159,14 +163,14 @@ fn a_clock_message_reaching_a_rank_is_a_counted_no_op() {
         b"CLKPONG:00000000000000ff0000000000000001",
         b"CLKPING:garbage",
     ] {
-        assert_eq!(rank.on_notification(msg, t0), Ok(Default::default()));
+        assert_eq!(rank.on_notification("d0", msg, t0), Ok(Default::default()));
     }
     assert_eq!(rank.counters().clock_messages, 3);
     assert_eq!(rank.counters().malformed_notifications, 0);
     assert_eq!(rank.held(), 1);
     // Other traffic is unaffected: P's read-done still releases.
     let done = format!("turn-1:1:nonce={:016x}", nonce.get());
-    rank.on_notification(done.as_bytes(), t0).unwrap();
+    rank.on_notification("d0", done.as_bytes(), t0).unwrap();
     d.step(t0 + Duration::from_secs(1));
     assert_eq!(d.freed, [("turn-1".to_owned(), ReleaseReason::ReadDone)]);
 }
@@ -176,7 +180,7 @@ fn the_lease_book_counts_clock_messages_too() {
     let config = config(Duration::from_secs(480));
     let mut book = kvlease::LeaseBook::new(&config, Instant::ZERO);
     let msg = b"CLKPING:0000000000000001";
-    assert!(book.on_notification(0, msg, Instant::ZERO).is_ok());
+    assert!(book.on_notification(0, "d0", msg, Instant::ZERO).is_ok());
     assert_eq!(book.counters().clock_messages, 1);
     assert_eq!(book.counters().malformed_notifications, 0);
 }

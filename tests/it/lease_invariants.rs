@@ -50,16 +50,16 @@ fn invariant_1_slot_holds_nonce_only_while_blocks_are_held() {
     }
     // Rank 0 and 1 done, rank 2 not yet: still held, slot still set.
     assert_eq!(
-        book.read_done(0, b"req-a", 1, Some(nonce), secs(1)),
+        book.read_done(0, "d0", b"req-a", 1, Some(nonce), secs(1)),
         ReadDoneOutcome::Counted
     );
     assert_eq!(
-        book.read_done(1, b"req-a", 1, Some(nonce), secs(1)),
+        book.read_done(1, "d0", b"req-a", 1, Some(nonce), secs(1)),
         ReadDoneOutcome::Counted
     );
     assert_eq!(book.rank_slots(2).unwrap().load(slot), Some(nonce.get()));
     assert_eq!(
-        book.read_done(2, b"req-a", 1, Some(nonce), secs(1)),
+        book.read_done(2, "d0", b"req-a", 1, Some(nonce), secs(1)),
         ReadDoneOutcome::Released
     );
 
@@ -130,7 +130,7 @@ fn invariant_2_nonces_are_never_zero_and_never_repeat() {
         let g = book.grant(&id, now).unwrap();
         assert_ne!(g.nonce.get(), 0);
         assert!(seen.insert(g.nonce), "nonce repeated at grant {i}");
-        book.read_done(0, id.as_bytes(), 1, Some(g.nonce), now);
+        book.read_done(0, "d0", id.as_bytes(), 1, Some(g.nonce), now);
         let mut tickets = vec![];
         book.drain_released(|r| tickets.extend(r.slot));
         for t in tickets {
@@ -179,7 +179,7 @@ fn invariant_3_stale_read_done_changes_nothing() {
     let new = book.grant("req-a", secs(31)).unwrap();
     assert_ne!(new.nonce, old);
     assert_eq!(
-        book.read_done(0, b"req-a", 1, Some(old), secs(32)),
+        book.read_done(0, "d0", b"req-a", 1, Some(old), secs(32)),
         ReadDoneOutcome::StaleNonce
     );
     assert_eq!(book.held(), 1);
@@ -189,7 +189,7 @@ fn invariant_3_stale_read_done_changes_nothing() {
     );
     assert_eq!(book.counters().read_done_stale_nonce, 1);
     assert_eq!(
-        book.read_done(0, b"req-a", 1, Some(new.nonce), secs(32)),
+        book.read_done(0, "d0", b"req-a", 1, Some(new.nonce), secs(32)),
         ReadDoneOutcome::Released
     );
 }
@@ -254,21 +254,21 @@ fn invariant_5_bad_input_is_counted_never_a_panic_or_a_lost_block() {
     );
     assert_eq!(book.renew_slot(99, g.nonce, T0), Renewal::Unknown);
     assert_eq!(
-        book.read_done(0, b"nope", 1, None, T0),
+        book.read_done(0, "d0", b"nope", 1, None, T0),
         ReadDoneOutcome::Unknown
     );
     assert_eq!(
-        book.read_done(5, b"a", 1, None, T0),
+        book.read_done(5, "d0", b"a", 1, None, T0),
         ReadDoneOutcome::BadRank
     );
     assert_eq!(
-        book.read_done(0, b"a", 0, Some(g.nonce), T0),
+        book.read_done(0, "d0", b"a", 0, Some(g.nonce), T0),
         ReadDoneOutcome::Released,
         "0 consumers counts as 1"
     );
     // Duplicate / late read-done after release: unknown, nothing released twice.
     assert_eq!(
-        book.read_done(0, b"a", 1, Some(g.nonce), T0),
+        book.read_done(0, "d0", b"a", 1, Some(g.nonce), T0),
         ReadDoneOutcome::Unknown
     );
     let mut reports = 0;
@@ -278,7 +278,7 @@ fn invariant_5_bad_input_is_counted_never_a_panic_or_a_lost_block() {
     });
     assert_eq!(reports, 1);
     assert_eq!(
-        book.read_done(0, b"a", 1, Some(g.nonce), T0),
+        book.read_done(0, "d0", b"a", 1, Some(g.nonce), T0),
         ReadDoneOutcome::Unknown
     );
     assert_eq!(book.counters().read_done_unknown, 3);
@@ -288,19 +288,23 @@ fn invariant_5_bad_input_is_counted_never_a_panic_or_a_lost_block() {
 }
 
 #[test]
-fn consumers_are_counted_per_rank() {
+fn consumers_are_counted_per_rank_once_per_sender() {
     // P TP 1, D TP 2: two decoder ranks read from the one P rank.
     let mut book = book_with_ranks(2, 2, 1);
     let n = book.grant("req", T0).unwrap().nonce;
     assert_eq!(
-        book.read_done(0, b"req", 2, Some(n), T0),
+        book.read_done(0, "d0", b"req", 2, Some(n), T0),
         ReadDoneOutcome::Counted
     );
     assert_eq!(
-        book.read_done(0, b"req", 2, None, T0),
+        book.read_done(0, "d0", b"req", 2, None, T0),
+        ReadDoneOutcome::DuplicateSender
+    );
+    assert_eq!(
+        book.read_done(0, "d1", b"req", 2, None, T0),
         ReadDoneOutcome::Released
     );
-    assert_eq!(book.counters().read_done_without_nonce, 1);
+    assert_eq!(book.counters().read_done_without_nonce, 2);
 }
 
 #[test]
@@ -370,7 +374,7 @@ fn heartbeat_renews_held_ids_and_ignores_unknown_ones() {
     book.grant("req-a", T0).unwrap();
     book.grant("req-b", secs(25)).unwrap(); // expires at 55 s
     let s = book
-        .on_notification(0, b"HB:req-a,req-b,req-unknown", secs(20))
+        .on_notification(0, "d0", b"HB:req-a,req-b,req-unknown", secs(20))
         .unwrap();
     assert_eq!((s.renewed, s.ignored), (2, 1));
     assert_eq!(book.expiry("req-a"), Some(secs(40)));
@@ -388,14 +392,18 @@ fn read_done_notifications_release_through_the_inbox() {
     let mut book = book_with_ranks(4, 4, 1);
     let g = book.grant("cmpl-1:0", T0).unwrap();
     let msg = format!("cmpl-1:0:1:nonce={}", g.nonce);
-    let s = book.on_notification(0, msg.as_bytes(), secs(1)).unwrap();
+    let s = book
+        .on_notification(0, "d0", msg.as_bytes(), secs(1))
+        .unwrap();
     assert_eq!(s.read_done, Some(ReadDoneOutcome::Released));
     // The same notification again: the lease is gone.
-    let s = book.on_notification(0, msg.as_bytes(), secs(1)).unwrap();
+    let s = book
+        .on_notification(0, "d0", msg.as_bytes(), secs(1))
+        .unwrap();
     assert_eq!(s.read_done, Some(ReadDoneOutcome::Unknown));
     // Malformed bytes: an error, counted, nothing changes.
-    assert!(book.on_notification(0, b"HBC:zz", secs(1)).is_err());
-    assert!(book.on_notification(0, b"", secs(1)).is_err());
+    assert!(book.on_notification(0, "d0", b"HBC:zz", secs(1)).is_err());
+    assert!(book.on_notification(0, "d0", b"", secs(1)).is_err());
     assert_eq!(book.counters().malformed_notifications, 2);
 }
 
@@ -413,7 +421,9 @@ fn one_empty_id_does_not_cost_the_whole_heartbeat() {
         (b"HB:req-a,req-b,", 1),
     ] {
         let before = book.counters().heartbeat_empty_ids;
-        let s = book.on_notification(0, msg, secs(20)).expect("a heartbeat");
+        let s = book
+            .on_notification(0, "d0", msg, secs(20))
+            .expect("a heartbeat");
         assert_eq!((s.renewed, s.ignored), (2, 0), "{msg:?}");
         assert_eq!(
             book.counters().heartbeat_empty_ids - before,

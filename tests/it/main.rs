@@ -37,6 +37,7 @@ mod nixl_fabric;
 mod protocol_loopback;
 mod protocol_nixl;
 mod read_done_consumers;
+mod stuck_leases;
 mod topologies;
 mod turn2_loopback;
 mod turn2_nixl;

@@ -31,8 +31,9 @@ fn p_engine(p_tp: usize) -> LeaseBook {
     .unwrap()
 }
 
-/// Every (D rank, P rank) read-done of one request, in D rank order, as bytes.
-fn read_dones(p_tp: u32, d_tp: u32, n: u32, id: &str, nonce: Nonce) -> Vec<(u32, Vec<u8>)> {
+/// Every (D rank, P rank) read-done of one request, in D rank order, as
+/// bytes, with the sending D worker's agent name.
+fn read_dones(p_tp: u32, d_tp: u32, n: u32, id: &str, nonce: Nonce) -> Vec<(u32, String, Vec<u8>)> {
     let m = TpMapping::new(d_tp, p_tp).unwrap();
     let mut out = Vec::new();
     for d_rank in 0..d_tp {
@@ -40,7 +41,7 @@ fn read_dones(p_tp: u32, d_tp: u32, n: u32, id: &str, nonce: Nonce) -> Vec<(u32,
             let mut buf = vec![0u8; id.len() + wire::MAX_READ_DONE_SUFFIX_LEN];
             let len = wire::encode_read_done(id, n, Some(nonce), &mut buf).unwrap();
             buf.truncate(len);
-            out.push((p_rank, buf));
+            out.push((p_rank, format!("decode-{d_rank}"), buf));
         }
     }
     out
@@ -58,9 +59,9 @@ fn read_done_counts_match_current_vllm_for_p2_d2_p4_d2_p2_d4() {
         // Every P rank hears from exactly local_consumers D ranks.
         assert_eq!(msgs.len(), (p_tp * local_consumers) as usize);
         let last = msgs.len() - 1;
-        for (i, (p_rank, msg)) in msgs.iter().enumerate() {
+        for (i, (p_rank, from, msg)) in msgs.iter().enumerate() {
             let s = book
-                .on_notification(*p_rank, msg, Instant::from_secs(1))
+                .on_notification(*p_rank, from, msg, Instant::from_secs(1))
                 .unwrap();
             let want = if i == last {
                 ReadDoneOutcome::Released
@@ -81,9 +82,9 @@ fn an_older_d_sending_its_world_size_leaves_the_lease_to_expire() {
     for (p_tp, d_tp) in [(4u32, 2u32), (2, 4)] {
         let mut book = p_engine(p_tp as usize);
         let nonce = book.grant("cmpl-1-0", Instant::ZERO).unwrap().nonce;
-        for (p_rank, msg) in read_dones(p_tp, d_tp, d_tp, "cmpl-1-0", nonce) {
+        for (p_rank, from, msg) in read_dones(p_tp, d_tp, d_tp, "cmpl-1-0", nonce) {
             let s = book
-                .on_notification(p_rank, &msg, Instant::from_secs(1))
+                .on_notification(p_rank, &from, &msg, Instant::from_secs(1))
                 .unwrap();
             assert_eq!(s.read_done, Some(ReadDoneOutcome::Counted));
         }
@@ -92,4 +93,38 @@ fn an_older_d_sending_its_world_size_leaves_the_lease_to_expire() {
         assert_eq!(book.held(), 0, "expired after the 30 s lease");
         assert_eq!(book.counters().expired, 1);
     }
+}
+
+/// Issue 19 item 3. P TP 2 read by D TP 4: each P rank waits for two D
+/// workers. Before, read-dones were counted per rank, so worker 0's
+/// read-done arriving twice (a retried send) freed P rank 0's share while
+/// worker 1 was still reading it; now each (sender, lease) counts once.
+#[test]
+fn a_duplicated_read_done_does_not_stand_in_for_another_reader() {
+    let (p_tp, d_tp) = (2u32, 4u32);
+    let mut book = p_engine(p_tp as usize);
+    let nonce = book.grant("cmpl-1-0", Instant::ZERO).unwrap().nonce;
+    let msgs = read_dones(p_tp, d_tp, 2, "cmpl-1-0", nonce);
+    let (rank, from, msg) = &msgs[0];
+    assert_eq!((*rank, from.as_str()), (0, "decode-0"));
+    let at = Instant::from_secs(1);
+    let first = book.on_notification(0, from, msg, at).unwrap();
+    assert_eq!(first.read_done, Some(ReadDoneOutcome::Counted));
+    let again = book.on_notification(0, from, msg, at).unwrap();
+    assert_eq!(again.read_done, Some(ReadDoneOutcome::DuplicateSender));
+    assert!(
+        book.rank(0).unwrap().expiry("cmpl-1-0").is_some(),
+        "rank 0 still holds"
+    );
+    assert_eq!(book.counters().read_done_duplicate_sender, 1);
+    // The second reader of rank 0, then both of rank 1: released.
+    let mut last = None;
+    for (rank, from, msg) in &msgs[1..] {
+        last = book
+            .on_notification(*rank, from, msg, at)
+            .unwrap()
+            .read_done;
+    }
+    assert_eq!(last, Some(ReadDoneOutcome::Released));
+    assert_eq!(book.held(), 0);
 }

@@ -89,7 +89,7 @@ impl D {
         let rank = &mut self.rank;
         self.fabric
             .drain_notifications(&mut |_, msg| {
-                let _ = rank.on_notification(msg, now);
+                let _ = rank.on_notification("d0", msg, now);
             })
             .unwrap();
         self.rank.poll(now);

@@ -57,7 +57,7 @@ pub fn p_step(
         agent
             .drain_notifications(&mut |_from, msg| {
                 heard(rank, msg);
-                let applied = book.on_notification(rank as u32, msg, now);
+                let applied = book.on_notification(rank as u32, _from, msg, now);
                 if strict {
                     applied.unwrap();
                 }

@@ -27,6 +27,7 @@ pub fn reason_text(r: ReleaseReason) -> &'static str {
         ReleaseReason::ReadDone => "read",
         ReleaseReason::Expired => "expired",
         ReleaseReason::Cancelled => "cancelled",
+        ReleaseReason::NotHeld => "not-held",
     }
 }
 
@@ -36,6 +37,7 @@ pub fn parse_reason(s: &str) -> Option<ReleaseReason> {
         "read" => ReleaseReason::ReadDone,
         "expired" => ReleaseReason::Expired,
         "cancelled" => ReleaseReason::Cancelled,
+        "not-held" => ReleaseReason::NotHeld,
         _ => return None,
     })
 }

@@ -268,11 +268,11 @@ pub fn run(
         rank.apply_directives(&meta[..n], dn)
             .map_err(|e| err("apply")(e.to_string()))?;
         let rank_ref: &mut PrefillRank = &mut rank;
-        df.drain_notifications(&mut |_, msg| match clock_ping::decode(msg) {
+        df.drain_notifications(&mut |from, msg| match clock_ping::decode(msg) {
             Some(Ok(ClockMessage::Ping { token })) => pongs.push(token),
             Some(_) => {}
             None => {
-                let _ = rank_ref.on_notification(msg, dn);
+                let _ = rank_ref.on_notification(from, msg, dn);
             }
         })
         .map_err(|e| err("drain")(e.to_string()))?;

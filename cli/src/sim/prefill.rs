@@ -180,10 +180,10 @@ impl PrefillEngine {
             let sched = &mut self.sched;
             timed(&mut m.p_lease_ns, || -> Result<(), SimError> {
                 kv.fabric
-                    .drain_notifications(&mut |_from, msg| {
+                    .drain_notifications(&mut |from, msg| {
                         // A notification that does not decode is counted by
                         // the rank; nothing else to do with it here.
-                        let _ = rank.on_notification(msg, now);
+                        let _ = rank.on_notification(from, msg, now);
                     })
                     .context("P worker drains its agent")?;
                 rank.poll(now);

@@ -40,9 +40,17 @@ impl PrefillRank {
             return DirectiveOutcome::Refused;
         }
         let e = d.entry;
-        let (state, deadline) = match d.lease_remaining {
-            Some(r) => (HELD, (now + r).as_nanos()),
-            None => (PINNED, 0),
+        // A pinned lease is timed too, by kv_lease_max_pin (on the wheel
+        // only: its line's deadline is the floor renewals raise before the
+        // Start arrives), so that an engine that aborts the prefill and
+        // frees the blocks without cancelling does not leak the entry and
+        // its slot.
+        let (state, deadline, wheel_at) = match d.lease_remaining {
+            Some(r) => {
+                let at = (now + r).as_nanos();
+                (HELD, at, at)
+            }
+            None => (PINNED, 0, now.as_nanos().saturating_add(self.max_pin_ns)),
         };
         // fits() and the layout check above make this infallible.
         let filled = self.lines.fill(e, id, d.nonce.get(), state, deadline);
@@ -50,6 +58,7 @@ impl PrefillRank {
         self.hashes[e as usize] = h;
         self.index.insert(h, e);
         self.reads[e as usize] = 0;
+        self.readers[e as usize] = 0;
         self.holds[e as usize] = match d.hold_remaining {
             Some(r) => {
                 self.holds_in_use = true;
@@ -62,9 +71,7 @@ impl PrefillRank {
             // can have the slot (kv_transfer_params leave P after prefill).
             self.slots.publish(slot, d.nonce.get());
         }
-        if state == HELD {
-            self.schedule(e, deadline);
-        }
+        self.schedule(e, wheel_at);
         self.held += 1;
         DirectiveOutcome::Applied
     }
@@ -82,7 +89,8 @@ impl PrefillRank {
         if line.state() == HELD {
             return DirectiveOutcome::Duplicate;
         }
-        // A renewal while pinned may already have raised the floor.
+        // A renewal while pinned (a heartbeat that overtook this Start) may
+        // already have raised the floor; the wheel held kv_lease_max_pin.
         let deadline = line.deadline.max((now + remaining).as_nanos());
         line.deadline = deadline;
         line.set_state(HELD);
@@ -90,6 +98,9 @@ impl PrefillRank {
             self.holds_in_use = true;
             self.holds[d.entry as usize] = (now + r).as_nanos();
         }
+        // The lease may end before the pin would have: re-place it at its
+        // own deadline (the wheel only catches up lazily with later ones).
+        self.wheel.cancel(d.entry);
         self.schedule(d.entry, deadline);
         DirectiveOutcome::Applied
     }

@@ -11,14 +11,33 @@
 //! decodes no bytes itself (`wire`, `ipc`) and never reads a clock.
 //!
 //! ```text
-//!  directive Grant ──▶ PINNED (nonce in slot; prefill running, not timed)
+//!  directive Grant ──▶ PINNED (nonce in slot; prefill running; deadline = now + kv_lease_max_pin)
 //!  directive Grant with a lease, or Start ──▶ HELD, deadline = now + remaining
 //!  HELD ──heartbeat──▶ deadline = max(deadline, min(now + extension, hold))
-//!  HELD ──read-done × this rank's consumers──▶ released (read)
-//!  HELD ──poll, deadline <= now──────────────▶ released (expired)
+//!  HELD ──read-done from each of this rank's consumers──▶ released (read)
+//!  PINNED/HELD ──poll, deadline <= now───────▶ released (expired)
 //!  PINNED/HELD ──directive Cancel────────────▶ released (cancelled)
 //!  released: slot word zeroed, id unindexed, entry free ──then──▶ report queued
+//!  Grant refused, or Start/Cancel for a lease not held here ──▶ report "not held"
 //! ```
+//!
+//! # Every directive is answered
+//!
+//! The scheduler frees a lease's blocks only once every rank reported it,
+//! so a rank that stays silent about a lease holds those blocks forever.
+//! A rank therefore answers every Grant it refuses, and every Start or
+//! Cancel for a lease it does not hold (its Grant was lost on the engine's
+//! IPC, or refused), with a "not held" report ([`ReleaseReason::NotHeld`]):
+//! its slot is 0 there, so the scheduler may count it as let go. A lease
+//! the rank already reported gets the same answer again, which the
+//! scheduler ignores as a duplicate.
+//!
+//! # Read-dones count once per sender
+//!
+//! A rank read by several decoder workers (D TP > P TP) waits for one
+//! read-done from each. It remembers which senders reported each lease
+//! (`senders.rs`), so a duplicated notification cannot stand in for a
+//! worker that is still reading.
 //!
 //! # Ranks are independent
 //!
@@ -48,7 +67,7 @@ use std::sync::Arc;
 use super::counters::RankCounters;
 use super::layout::EntryLayout;
 use super::lease_line::{LeaseLines, HELD, PINNED};
-use super::{ReadDoneOutcome, ReleaseReason, Renewal};
+use super::{ReleaseReason, Renewal, ShareOutcome};
 use crate::collections::Ring;
 use crate::config::LeaseConfig;
 use crate::ids::IdIndex;
@@ -118,6 +137,12 @@ pub struct PrefillRank {
     holds_in_use: bool,
     /// Per entry: readers expected (high 32 bits) and seen (low 32).
     reads: Box<[u64]>,
+    /// Per entry: the senders whose read-done was counted (bit = index in
+    /// `senders`).
+    readers: Box<[u128]>,
+    senders: SenderTable,
+    /// `kv_lease_max_pin` in ns: how long a lease may stay pinned.
+    max_pin_ns: u64,
     index: IdIndex,
     wheel: TimerWheel,
     slots: Arc<LeaseSlots>,
@@ -159,6 +184,9 @@ impl PrefillRank {
             holds: vec![u64::MAX; entries as usize].into_boxed_slice(),
             holds_in_use: false,
             reads: vec![0; entries as usize].into_boxed_slice(),
+            readers: vec![0; entries as usize].into_boxed_slice(),
+            senders: SenderTable::new(),
+            max_pin_ns: duration_nanos(config.max_pin),
             // Sized for the leases that can be live (not for every entry):
             // half the cells, half the cache and TLB footprint per lookup.
             index: IdIndex::new(config.lease_capacity, crate::nonce::entropy_u64()),
@@ -172,7 +200,9 @@ impl PrefillRank {
                 now,
             ),
             slots,
-            reports: Ring::new(entries, PLACEHOLDER),
+            // A release and a "not held" answer per entry fit at once; more
+            // only if the engine stops shipping reports (counted, dropped).
+            reports: Ring::new(entries.saturating_mul(2), PLACEHOLDER),
             held: 0,
             last_directive_seq: None,
             report_seq: 0,
@@ -262,13 +292,23 @@ impl PrefillRank {
         Ok(summary)
     }
 
-    /// Applies one directive (in process, or from a decoded message).
+    /// Applies one directive (in process, or from a decoded message). A
+    /// Grant this rank refuses, and a Start or Cancel for a lease it does
+    /// not hold, is answered with a "not held" report (module docs).
     pub fn apply(&mut self, d: &Directive<'_>, now: Instant) -> DirectiveOutcome {
         let outcome = match d.op {
             DirectiveOp::Grant => self.apply_grant(d, now),
             DirectiveOp::Start => self.apply_start(d, now),
             DirectiveOp::Cancel => self.apply_cancel(d),
         };
+        let unanswered = match (d.op, outcome) {
+            (_, DirectiveOutcome::Refused) => true,
+            (DirectiveOp::Start | DirectiveOp::Cancel, DirectiveOutcome::Stale) => true,
+            _ => false,
+        };
+        if unanswered {
+            self.report_not_held(d.entry, d.nonce);
+        }
         let c = &mut self.counters;
         match outcome {
             DirectiveOutcome::Applied => c.directives_applied += 1,
@@ -314,3 +354,6 @@ impl PrefillRank {
 mod apply;
 mod release;
 mod renew;
+mod senders;
+
+use senders::SenderTable;

@@ -4,31 +4,45 @@
 use super::*;
 
 impl PrefillRank {
-    /// Counts one read-done notification received by this rank. `consumers`
-    /// is the number of decoder ranks that read from this rank (current
-    /// vLLM's `id:consumers`); this rank's share is released when that many
-    /// arrived. With `nonce`, a notification for an earlier lease with the
-    /// same id is dropped; without one (vLLM's form) it is accepted and
-    /// counted. [`ReadDoneOutcome::Released`] means *this rank's* share.
+    /// Counts one read-done notification that this rank received from
+    /// agent `sender`. `consumers` is the number of decoder ranks that read
+    /// from this rank (current vLLM's `id:consumers`); this rank's share is
+    /// released once that many *distinct senders* reported it: a second
+    /// read-done from the same sender for the same lease is
+    /// [`ShareOutcome::DuplicateSender`]. With `nonce`, a notification for
+    /// an earlier lease with the same id is dropped; without one (vLLM's
+    /// form) it is accepted and counted. [`ShareOutcome::ShareReleased`] is
+    /// about *this rank's* share; the blocks wait for every rank.
     pub fn read_done(
         &mut self,
+        sender: &[u8],
         request_id: &[u8],
         consumers: u32,
         nonce: Option<Nonce>,
-    ) -> ReadDoneOutcome {
+    ) -> ShareOutcome {
         let Some(e) = self.find(request_id) else {
             self.counters.read_done_unknown += 1;
-            return ReadDoneOutcome::Unknown;
+            return ShareOutcome::Unknown;
         };
         let held_nonce = self.lines.get(e).map_or(0, |l| l.nonce);
         match nonce {
             Some(n) if n.get() != held_nonce => {
                 self.counters.read_done_stale_nonce += 1;
-                return ReadDoneOutcome::StaleNonce;
+                return ShareOutcome::StaleNonce;
             }
             Some(_) => {}
             None => self.counters.read_done_without_nonce += 1,
         }
+        let (who, evicted) = self.senders.index_of(sender);
+        self.counters.senders_evicted += u64::from(evicted);
+        let bit = 1u128 << who;
+        // Mutation check (.ci/mutants.sh): read-dones counted per rank, as
+        // before the fix. Must be caught.
+        if !cfg!(kvlease_mutant = "count_per_rank") && self.readers[e as usize] & bit != 0 {
+            self.counters.read_done_duplicate_sender += 1;
+            return ShareOutcome::DuplicateSender;
+        }
+        self.readers[e as usize] |= bit;
         self.counters.read_done += 1;
         let cell = &mut self.reads[e as usize];
         let (expected, seen) = ((*cell >> 32) as u32, *cell as u32);
@@ -41,15 +55,16 @@ impl PrefillRank {
         let seen = seen.saturating_add(1);
         *cell = (u64::from(expected) << 32) | u64::from(seen);
         if seen < expected {
-            return ReadDoneOutcome::Counted;
+            return ShareOutcome::Counted;
         }
         self.wheel.cancel(e);
         self.release(e, ReleaseReason::ReadDone);
-        ReadDoneOutcome::Released
+        ShareOutcome::ShareReleased
     }
 
-    /// Expires every lease of this rank whose deadline is at or before `now`.
-    /// Call once per step. Costs O(levels + expired + re-placed): a renewed
+    /// Expires every lease of this rank whose deadline is at or before `now`
+    /// (a started lease's, or a pinned lease's `kv_lease_max_pin`). Call
+    /// once per step. Costs O(levels + expired + re-placed): a renewed
     /// lease whose old wheel slot comes up is placed again at its deadline.
     pub fn poll(&mut self, now: Instant) {
         #[cfg(kvlease_mutant = "zero_after_report")]
@@ -60,8 +75,15 @@ impl PrefillRank {
             let Some(line) = self.lines.get(e) else {
                 continue;
             };
-            debug_assert_eq!(line.state(), HELD, "entry {e} on the wheel but not held");
-            if line.state() != HELD {
+            debug_assert!(line.is_held(), "entry {e} on the wheel but not held");
+            if !line.is_held() {
+                continue;
+            }
+            if line.state() == PINNED {
+                // A pinned entry is on the wheel only at its kv_lease_max_pin
+                // deadline (its line holds the renewal floor, not a time).
+                self.counters.pinned_expired += 1;
+                self.release(e, ReleaseReason::Expired);
                 continue;
             }
             if line.deadline > now.as_nanos() {
@@ -70,6 +92,25 @@ impl PrefillRank {
                 continue;
             }
             self.release(e, ReleaseReason::Expired);
+        }
+    }
+
+    /// Queues a "not held" report for (entry, nonce): this rank refused the
+    /// lease's Grant, or got a Start or Cancel for a lease it does not hold.
+    /// Its slot is 0 for that lease (never written, or zeroed before an
+    /// earlier report), so the scheduler may count it as let go.
+    pub(super) fn report_not_held(&mut self, entry: u32, nonce: Nonce) {
+        self.counters.not_held_reported += 1;
+        self.queue_report(RankReport {
+            entry,
+            nonce,
+            reason: ReleaseReason::NotHeld,
+        });
+    }
+
+    fn queue_report(&mut self, r: RankReport) {
+        if !self.reports.push(r) {
+            self.counters.reports_dropped += 1;
         }
     }
 
@@ -100,19 +141,16 @@ impl PrefillRank {
         match reason {
             ReleaseReason::ReadDone => self.counters.released_read += 1,
             ReleaseReason::Expired => self.counters.expired += 1,
-            ReleaseReason::Cancelled => self.counters.cancelled += 1,
+            ReleaseReason::Cancelled | ReleaseReason::NotHeld => self.counters.cancelled += 1,
         }
         let Some(nonce) = Nonce::new(nonce) else {
             return;
         };
-        // At most one report per entry per grant is queued, and the ring is
-        // as large as the entry count.
-        let queued = self.reports.push(RankReport {
+        self.queue_report(RankReport {
             entry: e,
             nonce,
             reason,
         });
-        debug_assert!(queued);
     }
 
     /// Reports waiting to go to the scheduler.

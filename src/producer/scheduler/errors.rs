@@ -19,6 +19,10 @@ pub enum GrantError {
     /// `drain_released` first.
     #[error("the request id's previous lease is released but not drained yet; drain first")]
     ReleasePending,
+    /// Every rank of the engine is lost (`rank_lost`): no rank can hold a
+    /// lease. Free the blocks and answer without remote-decode params.
+    #[error("every P rank is lost: nothing can hold a lease")]
+    NoRanks,
 }
 
 /// Why [`PrefillScheduler::start`] refused.

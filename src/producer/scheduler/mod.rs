@@ -46,7 +46,21 @@
 //!   the *new* lease's blocks for the old lease's report.
 //! - **A rank never reports** (its process died): its leases stay live here
 //!   (blocks held) until [`PrefillScheduler::rank_lost`] is called; the
-//!   engine must call it when it notices the worker is gone.
+//!   engine must call it when it notices the worker is gone. From then on
+//!   every lease, those in flight and those granted later, counts as let go
+//!   by that rank, until [`PrefillScheduler::rank_restarted`] says a fresh
+//!   worker took its place.
+//! - **A rank missed a directive** (a lost message on the engine's IPC, or a
+//!   Grant it refused): it answers the Grant it refused, and the Start or
+//!   Cancel it cannot match, with a "not held" report, so
+//!   [`PrefillScheduler::cancel`] always ends a lease, and an expiry on the
+//!   other ranks is never stuck behind the silent one. Every such lease is
+//!   released with [`ReleaseReason::NotHeld`] (D's check fails on that rank's
+//!   zero slot: it failed closed).
+//! - **An aborted request** whose engine frees the blocks: call
+//!   [`PrefillScheduler::cancel`] from the abort path. If the engine never
+//!   does, a lease that was assigned but never started is let go by every
+//!   rank after `kv_lease_max_pin` (480 s), so its entry and slot come back.
 //! - **Bad report bytes**: refused whole, counted, never a panic; reports for
 //!   leases this scheduler does not hold under that nonce are counted no-ops.
 //!
@@ -211,6 +225,9 @@ pub struct PrefillScheduler {
     directive_seq: u32,
     /// Per rank: the next report sequence number expected (u64::MAX: none yet).
     report_seq: Box<[u64]>,
+    /// One bit per rank declared lost ([`PrefillScheduler::rank_lost`]).
+    lost: Box<[u64]>,
+    lost_count: u32,
     counters: SchedulerCounters,
 }
 
@@ -279,6 +296,8 @@ impl PrefillScheduler {
             released: Ring::new(entries, u32::MAX),
             directive_seq: 0,
             report_seq: vec![u64::MAX; ranks as usize].into_boxed_slice(),
+            lost: vec![0; words].into_boxed_slice(),
+            lost_count: 0,
             counters: SchedulerCounters::default(),
         })
     }
@@ -364,6 +383,10 @@ impl PrefillScheduler {
             self.counters.grant_refused_full += 1;
             return Err(GrantError::Full);
         }
+        if self.lost_count == self.ranks {
+            self.counters.grant_refused_no_ranks += 1;
+            return Err(GrantError::NoRanks);
+        }
         let slot = if self.verification {
             self.pool.take()
         } else {
@@ -408,7 +431,16 @@ impl PrefillScheduler {
             reports: 0,
             slot,
         };
-        self.reported_bits_mut(entry).fill(0);
+        // Ranks that are lost count as let go from the start.
+        let words = self.words;
+        self.reported[entry as usize * words..(entry as usize + 1) * words]
+            .copy_from_slice(&self.lost);
+        if self.lost_count > 0 {
+            self.counters.lost_rank_releases += u64::from(self.lost_count);
+            let lease = &mut self.leases[entry as usize];
+            lease.reports = self.lost_count;
+            lease.reason = Some(ReleaseReason::NotHeld);
+        }
         self.pending.insert(entry);
         self.live += 1;
         self.held += 1;
@@ -486,27 +518,94 @@ impl PrefillScheduler {
         true
     }
 
-    /// The engine lost rank `rank` (its worker process died): every live
-    /// lease counts as reported by it (expired), so the blocks the other
-    /// ranks let go of are not held forever. Its slot words died with it.
+    /// The engine lost rank `rank`: its worker process died, and its slot
+    /// words with it. Every live lease counts as let go by that rank
+    /// ([`ReleaseReason::NotHeld`]), whether its Grant went out or is still
+    /// queued, and so does every lease granted while the rank stays lost, so
+    /// the blocks the other ranks let go of are not held forever. O(entries),
+    /// once per loss. A rank already lost, or out of range, is a no-op.
+    ///
+    /// Only for a dead process: a rank that is alive keeps nonces in its
+    /// slots, and counting its leases as let go would free blocks under
+    /// them. A worker that restarts calls for
+    /// [`PrefillScheduler::rank_restarted`].
     pub fn rank_lost(&mut self, rank: u32) {
+        if rank >= self.ranks || self.is_lost(rank) {
+            return;
+        }
+        let (w, b) = (rank as usize / 64, rank % 64);
+        self.lost[w] |= 1 << b;
+        self.lost_count += 1;
+        for e in 0..self.leases.len() as u32 {
+            if !matches!(
+                self.leases[e as usize].status,
+                Some(LeaseStatus::Assigned | LeaseStatus::Held)
+            ) {
+                continue;
+            }
+            let bits = self.reported_bits_mut(e);
+            if bits[w] & (1 << b) != 0 {
+                continue;
+            }
+            bits[w] |= 1 << b;
+            self.counters.lost_rank_releases += 1;
+            let lease = &mut self.leases[e as usize];
+            lease.reports += 1;
+            lease.reason = Some(lease.reason.map_or(ReleaseReason::NotHeld, |r| {
+                r.combine(ReleaseReason::NotHeld)
+            }));
+            if lease.reports >= self.ranks {
+                lease.ops = 0;
+                self.pending.remove(e);
+                self.finish(e);
+            }
+        }
+    }
+
+    /// A fresh worker process took rank `rank`'s place (a restart): the
+    /// scheduler resynchronises with it. Leases whose Grant already went out
+    /// stay let go by this rank (the new process never saw them; its slots
+    /// start at 0, and any later directive for them is answered "not held");
+    /// leases whose Grant is still queued, and every later one, wait for it
+    /// again. Its report numbering starts over. Implies
+    /// [`PrefillScheduler::rank_lost`] when the loss was not declared first.
+    pub fn rank_restarted(&mut self, rank: u32) {
         if rank >= self.ranks {
             return;
         }
+        self.rank_lost(rank);
+        let (w, b) = (rank as usize / 64, rank % 64);
+        self.lost[w] &= !(1 << b);
+        self.lost_count -= 1;
+        self.report_seq[rank as usize] = u64::MAX;
+        self.counters.ranks_restarted += 1;
         for e in 0..self.leases.len() as u32 {
-            let l = &self.leases[e as usize];
-            if matches!(l.status, Some(LeaseStatus::Assigned | LeaseStatus::Held)) && l.announced {
-                let nonce = l.nonce;
-                self.on_report(
-                    rank,
-                    RankReport {
-                        entry: e,
-                        nonce,
-                        reason: ReleaseReason::Expired,
-                    },
-                );
+            let lease = &self.leases[e as usize];
+            let queued = lease.ops & OP_GRANT != 0 && !lease.announced;
+            if !queued
+                || !matches!(
+                    lease.status,
+                    Some(LeaseStatus::Assigned | LeaseStatus::Held)
+                )
+            {
+                continue;
+            }
+            // The Grant has not gone out: the new process will get it.
+            let bits = self.reported_bits_mut(e);
+            if bits[w] & (1 << b) != 0 {
+                bits[w] &= !(1 << b);
+                let lease = &mut self.leases[e as usize];
+                lease.reports -= 1;
+                if lease.reports == 0 {
+                    lease.reason = None;
+                }
             }
         }
+    }
+
+    /// Whether rank `rank` is declared lost (and not restarted since).
+    pub fn is_lost(&self, rank: u32) -> bool {
+        rank < self.ranks && self.lost[rank as usize / 64] & (1 << (rank % 64)) != 0
     }
 
     // ---- directives -----------------------------------------------------------------

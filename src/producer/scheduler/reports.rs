@@ -70,6 +70,15 @@ impl PrefillScheduler {
         }
         bits[w] |= 1 << b;
         self.counters.reports_applied += 1;
+        if report.reason == ReleaseReason::NotHeld {
+            // Mutation check (.ci/mutants.sh): "not held" answers ignored,
+            // as before the fix. Must be caught.
+            if cfg!(kvlease_mutant = "ignore_not_held") {
+                bits[w] &= !(1 << b);
+                return ReportOutcome::Stale;
+            }
+            self.counters.reports_not_held += 1;
+        }
         let lease = &mut self.leases[e as usize];
         lease.reports += 1;
         lease.reason = Some(
@@ -108,6 +117,7 @@ impl PrefillScheduler {
             ReleaseReason::ReadDone => self.counters.released_read += 1,
             ReleaseReason::Expired => self.counters.expired += 1,
             ReleaseReason::Cancelled => self.counters.cancelled += 1,
+            ReleaseReason::NotHeld => self.counters.not_held += 1,
         }
         let queued = self.released.push(e);
         debug_assert!(queued, "release queue overflow");

@@ -490,7 +490,7 @@ impl<F: Fabric> Node for PRankNode<F> {
                 if deaf {
                     return;
                 }
-                if let Ok(s) = rank.on_notification(msg, now) {
+                if let Ok(s) = rank.on_notification(_from, msg, now) {
                     if s.renewed > 0 {
                         events.push(Event::Renewed(r, s.renewed));
                     }

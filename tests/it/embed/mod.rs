@@ -210,7 +210,7 @@ impl<E: EngineAgent> PWorker<E> {
     pub fn step(&mut self, now: Instant, events: &mut Vec<PEvent>) {
         let rank = &mut self.rank;
         self.engine.drain(&mut self.fabric, &mut |_from, msg| {
-            match rank.on_notification(msg, now) {
+            match rank.on_notification("d0", msg, now) {
                 Ok(s) if s.renewed > 0 => events.push(PEvent::Renewed(s.renewed)),
                 Ok(_) => {}
                 // Not kvlease's: the engine handles it (here, records it).

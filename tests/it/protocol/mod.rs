@@ -153,7 +153,7 @@ pub struct Heard {
     /// P's `now` in the step that drained it.
     pub at: Instant,
     /// What the book made of it.
-    pub outcome: Result<InboxSummary, WireError>,
+    pub outcome: Result<InboxSummary<ReadDoneOutcome>, WireError>,
 }
 
 impl Heard {
@@ -222,7 +222,7 @@ impl Prefill {
         let book = &mut self.book;
         let heard = &mut self.heard;
         f.drain_notifications(&mut |from, msg| {
-            let outcome = book.on_notification(0, msg, now);
+            let outcome = book.on_notification(0, from, msg, now);
             heard.push(Heard {
                 from: from.to_owned(),
                 msg: msg.to_vec(),
