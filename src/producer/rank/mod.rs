@@ -301,11 +301,14 @@ impl PrefillRank {
             DirectiveOp::Start => self.apply_start(d, now),
             DirectiveOp::Cancel => self.apply_cancel(d),
         };
-        let unanswered = match (d.op, outcome) {
-            (_, DirectiveOutcome::Refused) => true,
-            (DirectiveOp::Start | DirectiveOp::Cancel, DirectiveOutcome::Stale) => true,
-            _ => false,
-        };
+        let unanswered = matches!(
+            (d.op, outcome),
+            (_, DirectiveOutcome::Refused)
+                | (
+                    DirectiveOp::Start | DirectiveOp::Cancel,
+                    DirectiveOutcome::Stale
+                )
+        );
         if unanswered {
             self.report_not_held(d.entry, d.nonce);
         }
