@@ -40,6 +40,13 @@ use kvlease::fabric::nixl::{
 use kvlease::fabric::{AgentId, Fabric, FabricError, HandshakeState, RegionId, XferId, XferState};
 use kvlease::{EngineShape, LeaseBook, LeaseConfig, LeaseSlots, MonotonicClock};
 
+// The peer table (restarts, removal, eviction), the side channel's clients,
+// and embedders whose peers do not speak kvlease: submodules, so that
+// `nixl_fabric::` selects them too (CI reruns it over UCX TCP).
+mod foreign;
+mod peers;
+mod side_channel;
+
 /// Environment switch: this test binary runs as the two-process test's peer.
 const CHILD_ENV: &str = "KVLEASE_NIXL_CHILD";
 /// What the child prints once it listens: `KVLEASE_CHILD_READY <addr>`.

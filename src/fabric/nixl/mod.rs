@@ -223,7 +223,7 @@ use nixl_sys::{
 
 use super::{
     AgentId, ClockSample, Fabric, FabricError, HandshakeState, LandingWords, LeaseAdvert, PeerInfo,
-    PeerRecord, ReadDesc, RegionId, SlotRegion, XferId, XferState,
+    PeerRecord, ReadDesc, RegionId, RemoteRegion, SlotRegion, XferId, XferState,
 };
 use crate::collections::FreeStack;
 use crate::slots::LeaseSlots;
@@ -236,6 +236,8 @@ pub use nixl_sys;
 
 mod config;
 mod fabric_api;
+mod peers;
+mod raw_drain;
 mod request_cache;
 mod setup;
 mod side_channel;
@@ -243,6 +245,8 @@ mod side_channel;
 mod tests;
 
 pub use config::{NixlConfig, NixlInitError, NixlStats, ProgressMode, UcxErrorHandling};
+use peers::{Peer, PeerState, PeerTable, MAX_PEER_TABLE};
+pub use raw_drain::{drain_raw_notifications, RawDrain};
 use request_cache::desc_hash;
 use side_channel::{exchange, start_listener};
 
@@ -275,8 +279,11 @@ const MAX_REGIONS: usize = 1 << 16;
 const MAX_NAME_LEN: usize = 255;
 /// Longest handshake address string.
 const MAX_ADDRESS_LEN: usize = 512;
-/// Per-connection I/O timeout of the listener.
-const LISTENER_IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the listener gives one client for its whole exchange (request
+/// in, answer out); a client still at it then is cut off.
+const LISTENER_CLIENT_DEADLINE: Duration = Duration::from_secs(2);
+/// Stack of a side-channel client thread: it copies one answer, nothing more.
+const CLIENT_THREAD_STACK: usize = 64 << 10;
 /// "No slot region" in the advertisement.
 const NO_REGION: u32 = u32::MAX;
 
@@ -299,8 +306,11 @@ pub fn agents_created() -> u64 {
 
 /// The capacity settings every constructor checks.
 fn check_config(config: &NixlConfig) -> Result<(), NixlInitError> {
-    if config.max_agents == 0 || config.max_agents > u32::MAX as usize {
+    if config.max_agents == 0 || config.max_agents > MAX_PEER_TABLE {
         return Err(NixlInitError::BadConfig("max_agents"));
+    }
+    if config.max_side_channel_clients == 0 {
+        return Err(NixlInitError::BadConfig("max_side_channel_clients"));
     }
     if config.max_inflight_reads == 0 || config.max_inflight_reads > u32::MAX as usize {
         return Err(NixlInitError::BadConfig("max_inflight_reads"));
@@ -382,28 +392,6 @@ struct Reply {
     clock: Option<ClockSample>,
 }
 
-enum PeerState {
-    Pending {
-        rx: Receiver<Result<Reply, FabricError>>,
-        deadline: Instant,
-    },
-    Ready {
-        info: PeerInfo,
-        regions: Vec<(u64, u64)>,
-    },
-    Failed(FabricError),
-}
-
-struct Peer {
-    address: String,
-    /// Registered from the engine's handshake ([`Fabric::add_peer`]): only
-    /// a new `add_peer` revives it, `start_handshake` never dials it.
-    registered: bool,
-    state: PeerState,
-    /// The NIXL name whose metadata is loaded for this peer, if any.
-    name: Option<String>,
-}
-
 /// A prepared transfer request for one (peer, descriptor set).
 struct Cached {
     peer: u32,
@@ -419,7 +407,10 @@ struct Inflight {
     /// 0: slot free.
     id: u64,
     cache: usize,
+    /// The peer's entry in the table.
     peer: u32,
+    /// The peer's id: a later peer in the same entry is not this READ's.
+    agent: AgentId,
     posted_at: Instant,
     /// Completed inside `post_xfer_req`.
     done: bool,
@@ -434,6 +425,7 @@ const FREE_READ: Inflight = Inflight {
     id: 0,
     cache: NO_CACHE,
     peer: 0,
+    agent: AgentId(u32::MAX),
     posted_at: Instant::ZERO,
     done: false,
     failed: None,
@@ -444,6 +436,7 @@ struct Listener {
     addr: SocketAddr,
     stop: Arc<AtomicU32>,
     thread: Option<JoinHandle<()>>,
+    counters: Arc<side_channel::ClientCounters>,
 }
 
 /// The real NIXL fabric. See the module docs.
@@ -466,7 +459,7 @@ pub struct NixlFabric {
     notif_map: NotificationMap,
     opt_plain: OptArgs,
     opt_notif: OptArgs,
-    peers: Vec<Peer>,
+    peers: PeerTable,
     advert: Arc<Mutex<Arc<Vec<u8>>>>,
     listener: Option<Listener>,
     /// The engine owns the agent and drains it ([`NixlFabric::with_agent`]).
@@ -486,7 +479,7 @@ impl fmt::Debug for NixlFabric {
             .field("listen_addr", &self.listen_addr())
             .field("engine_drains", &self.engine_drains)
             .field("regions", &self.regions.len())
-            .field("peers", &self.peers.len())
+            .field("peers", &self.peers.live())
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
