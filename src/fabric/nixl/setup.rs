@@ -1,6 +1,8 @@
 //! Building a [`NixlFabric`] (over an agent of its own or the engine's),
-//! its registrations and advert, and the peer and READ bookkeeping the
-//! [`Fabric`] methods share. Dropping it stops the side channel.
+//! its registrations, advert and exported metadata, and the peer and READ
+//! bookkeeping the [`Fabric`] methods share: claiming a peer entry (with
+//! eviction) and releasing a peer in NIXL. Dropping it stops the side
+//! channel's listener.
 
 use super::*;
 

@@ -1,7 +1,9 @@
-//! kvlease's own handshake side channel: the listener thread that answers
-//! with our NIXL metadata and advert, the client exchange, and the bounded
-//! parser of the answer (see the module docs of [`crate::fabric::nixl`],
-//! "Handshake: our own side channel").
+//! kvlease's own handshake side channel: the listener thread and the
+//! client threads that answer with our NIXL metadata and advert (each
+//! client bounded by a deadline, their number by the configuration), the
+//! client exchange, and the bounded parser of the answer (see the module
+//! docs of [`crate::fabric::nixl`], "Handshake: our own side channel" and
+//! "Failure model"). It never touches the NIXL agent.
 
 use super::*;
 
