@@ -503,6 +503,18 @@ fn bad_settings_are_refused_before_nixl_is_touched() {
         NixlFabric::new(cfg).err(),
         Some(NixlInitError::BadConfig(_))
     ));
+    for (agents, clients) in [(0, 32), ((1 << 20) + 1, 32), (64, 0)] {
+        let mut cfg = NixlConfig::new(unique_name("bad"));
+        cfg.max_agents = agents;
+        cfg.max_side_channel_clients = clients;
+        assert!(
+            matches!(
+                NixlFabric::new(cfg).err(),
+                Some(NixlInitError::BadConfig(_))
+            ),
+            "max_agents {agents}, max_side_channel_clients {clients}"
+        );
+    }
     // A listen address that cannot be bound.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mut cfg = NixlConfig::new(unique_name("bad"));
