@@ -43,7 +43,9 @@ mod worker {
     use std::time::Duration;
 
     use kvlease::consumer::{LeaseVerifier, Verdict, VerifierConfig, VerifyTarget};
-    use kvlease::fabric::nixl::{agents_created, runtime_available, NixlConfig, NixlFabric};
+    use kvlease::fabric::nixl::{
+        agents_created, drain_raw_notifications, runtime_available, NixlConfig, NixlFabric,
+    };
     use kvlease::fabric::{Fabric, HandshakeState, LeaseAdvert, PeerRecord};
     use kvlease::wire::{self, CompactEntry};
     use kvlease::{
@@ -150,21 +152,20 @@ mod worker {
         while start.elapsed() < Duration::from_secs(30) {
             let now = clock.now();
             // One drain per step, by the engine; kvlease's messages first.
-            agent.get_notifications(&mut map, None).expect("drain");
-            if !map.is_empty().expect("map") {
-                for (from, msgs) in &map.take_notifs().expect("notifications") {
-                    for m in msgs {
-                        match rank.on_notification(m.as_bytes(), now) {
-                            Ok(s) => println!(
-                                "P: kvlease's {:?} from {from}: renewed {}",
-                                m.get(..4).unwrap_or(m),
-                                s.renewed
-                            ),
-                            Err(_) => println!("P: the engine's own notification {m:?}"),
-                        }
-                    }
+            // The raw drain survives notifications that are not UTF-8
+            // (nixl-sys's take_notifs fails on them, and leaves them queued).
+            drain_raw_notifications(&agent, &mut map, &mut |from, m| {
+                let text = String::from_utf8_lossy(m);
+                match rank.on_notification(m, now) {
+                    Ok(s) => println!(
+                        "P: kvlease's {:?} from {from}: renewed {}",
+                        text.get(..4).unwrap_or(&text),
+                        s.renewed
+                    ),
+                    Err(_) => println!("P: the engine's own notification {text:?}"),
                 }
-            }
+            })
+            .expect("drain");
             rank.poll(now);
             if rank.pending_reports() > 0 {
                 let n = rank.encode_reports(&mut buf).expect("reports");
@@ -217,6 +218,7 @@ mod worker {
                     metadata: &md,
                     advert: Some(advert),
                     clock: None,
+                    regions: &[],
                 },
                 clock.now(),
             )

@@ -58,6 +58,7 @@ fn routing_the_engines_drain_into_kvlease_allocates_nothing() {
                 metadata: &[],
                 advert: Some(advert),
                 clock: None,
+                regions: &[],
             },
             now,
         )

@@ -2,9 +2,10 @@
 //! as a small versioned blob an engine carries inside its own handshake.
 //!
 //! This module owns the advertisement's byte format, its encoder and its
-//! bounds-checked decoder, and [`PeerRecord`], everything
-//! [`Fabric::add_peer`](super::Fabric::add_peer) needs to register a remote
-//! agent from the engine's own handshake. It touches no fabric state.
+//! bounds-checked decoder, and [`PeerRecord`] (with [`RemoteRegion`]),
+//! everything [`Fabric::add_peer`](super::Fabric::add_peer) needs to
+//! register a remote agent from the engine's own handshake. It touches no
+//! fabric state.
 //!
 //! kvlease's own side channel (the NIXL fabric's listener) carries the same
 //! facts in its own answer. An engine that exchanges metadata its own way
@@ -170,6 +171,27 @@ pub struct PeerRecord<'a> {
     pub advert: Option<LeaseAdvert>,
     /// A clock sample, if the engine's exchange took one.
     pub clock: Option<ClockSample>,
+    /// Memory of the remote that READs may name besides its lease slots
+    /// (its KV blocks), in its fabric's terms, so that
+    /// [`Fabric::post_read`](super::Fabric::post_read) serves the KV pull
+    /// too. NIXL: remote region `RegionId(i)` is `regions[i]` (a virtual
+    /// address and length the remote registered), and the advertised slot
+    /// region, if any, comes after them ([`PeerInfo::slot_region`](super::PeerInfo::slot_region)
+    /// says which). Loopback ignores it: READs there name the remote's own
+    /// registration indices, as after its handshake. Empty when only the
+    /// slots are read.
+    pub regions: &'a [RemoteRegion],
+}
+
+/// A piece of a remote agent's registered memory, as its engine's
+/// handshake describes it (NIXL: the virtual address and length it
+/// registered; see [`PeerRecord::regions`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteRegion {
+    /// The fabric's handle for the region (NIXL: its virtual address).
+    pub addr: u64,
+    /// Its length in bytes.
+    pub len: u64,
 }
 
 #[cfg(test)]

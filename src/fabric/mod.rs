@@ -25,7 +25,7 @@
 //! region holds the lease slots ([`PeerInfo::slot_region`]). READ descriptors
 //! name a local region and a remote region by these indices plus byte offsets.
 
-pub use advert::{AdvertError, LeaseAdvert, PeerRecord, SlotRegion, ADVERT_LEN};
+pub use advert::{AdvertError, LeaseAdvert, PeerRecord, RemoteRegion, SlotRegion, ADVERT_LEN};
 pub use landing::LandingWords;
 
 use crate::pack::Field;
@@ -335,6 +335,27 @@ pub trait Fabric {
     /// [`FabricError::Unsupported`].
     fn add_peer(&mut self, peer: &PeerRecord<'_>, now: Instant) -> Result<AgentId, FabricError> {
         let _ = (peer, now);
+        Err(FabricError::Unsupported)
+    }
+
+    /// Forgets a remote agent: its handshake (pending or complete) and
+    /// whatever the fabric prepared for it (NIXL: the metadata it loaded and
+    /// the READ requests it prepared, all released in NIXL). READs from it
+    /// still in flight end: [`Fabric::read_state`] reports them
+    /// `Failed(Cancelled)`. Afterwards `agent` is unknown to every method
+    /// ([`FabricError::UnknownAgent`]); a later handshake with the same
+    /// address, or `add_peer` with the same name, starts afresh and may be
+    /// issued another id.
+    ///
+    /// For peers that are gone for good: every restart of a P worker is a
+    /// new agent (vLLM names each with a fresh uuid), so an engine that
+    /// learns a worker is gone removes it rather than let the fabric's table
+    /// fill. The NIXL fabric also evicts stale peers by itself when its
+    /// table is full (see its docs). Not a step path. Unknown ids are
+    /// [`FabricError::UnknownAgent`]; the default is
+    /// [`FabricError::Unsupported`].
+    fn remove_peer(&mut self, agent: AgentId) -> Result<(), FabricError> {
+        let _ = agent;
         Err(FabricError::Unsupported)
     }
 

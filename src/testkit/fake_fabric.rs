@@ -21,6 +21,11 @@
 //! [`Fabric::register_landing`] are kept in [`FakeFabric::kept`] (not
 //! leaked), so a test can see who holds the last share.
 //!
+//! [`Fabric::remove_peer`] marks an agent removed: its id is
+//! `UnknownAgent` from then on and is never issued again; a handshake with
+//! its address makes a new agent, which takes a new entry of the reserved
+//! table (removed agents still count against it).
+//!
 //! Notifications to the fake are never delivered: nothing arrives at
 //! [`Fabric::drain_notifications`].
 
@@ -90,6 +95,9 @@ pub struct Agent {
     pub messages: u64,
     pub bytes: u64,
     pub compact_messages: u64,
+    /// Forgotten by `remove_peer`: its id is unknown from then on, and a
+    /// handshake with its address makes a new agent.
+    pub removed: bool,
 }
 
 impl Agent {
@@ -184,8 +192,11 @@ impl FakeFabric {
         self.default_policy = policy;
     }
 
+    /// The live (not removed) agent at `address`.
     pub fn agent(&self, address: &str) -> Option<&Agent> {
-        self.agents.iter().find(|a| a.address() == address)
+        self.agents
+            .iter()
+            .find(|a| !a.removed && a.address() == address)
     }
 
     pub fn agents(&self) -> &[Agent] {
@@ -263,7 +274,11 @@ impl Fabric for FakeFabric {
         if address.len() > ADDR_CAP {
             return Err(FabricError::BadAddress);
         }
-        if let Some(i) = self.agents.iter().position(|a| a.address() == address) {
+        if let Some(i) = self
+            .agents
+            .iter()
+            .position(|a| !a.removed && a.address() == address)
+        {
             let a = &mut self.agents[i];
             if a.failing() {
                 // A failed handshake restarts.
@@ -287,12 +302,13 @@ impl Fabric for FakeFabric {
             messages: 0,
             bytes: 0,
             compact_messages: 0,
+            removed: false,
         });
         Ok(AgentId(self.agents.len() as u32 - 1))
     }
 
     fn handshake_state(&mut self, agent: AgentId, _now: Instant) -> HandshakeState {
-        let Some(a) = self.agents.get_mut(agent.0 as usize) else {
+        let Some(a) = self.agents.get_mut(agent.0 as usize).filter(|a| !a.removed) else {
             return HandshakeState::Failed(FabricError::UnknownAgent);
         };
         if a.failing() {
@@ -315,7 +331,7 @@ impl Fabric for FakeFabric {
         if msg.len() > self.max_len {
             return Err(FabricError::MessageTooLarge);
         }
-        let Some(a) = self.agents.get_mut(to.0 as usize) else {
+        let Some(a) = self.agents.get_mut(to.0 as usize).filter(|a| !a.removed) else {
             return Err(FabricError::UnknownAgent);
         };
         if a.failing() || a.polls < a.policy.ready_after_polls {
@@ -363,6 +379,9 @@ impl Fabric for FakeFabric {
         if let Some(e) = self.fail_next.take() {
             return Err(e);
         }
+        if self.agents.get(from.0 as usize).is_some_and(|a| a.removed) {
+            return Err(FabricError::UnknownAgent);
+        }
         // An agent that exports no slot array has nothing to read.
         let Some(remote) = self.remotes.get(from.0 as usize) else {
             return Err(FabricError::Full);
@@ -401,6 +420,16 @@ impl Fabric for FakeFabric {
             }
         }
         XferState::Done
+    }
+
+    fn remove_peer(&mut self, agent: AgentId) -> Result<(), FabricError> {
+        match self.agents.get_mut(agent.0 as usize) {
+            Some(a) if !a.removed => {
+                a.removed = true;
+                Ok(())
+            }
+            _ => Err(FabricError::UnknownAgent),
+        }
     }
 
     fn cancel_read(&mut self, _xfer: XferId) {}

@@ -10,7 +10,7 @@ use kvlease::consumer::{
     DefaultPeerAddress, EngineKey, HeartbeatSender, HeartbeatTracker, PeerAddress, PeerStatus,
     RemotePrefillParams, SenderConfig, SenderError, StepError,
 };
-use kvlease::fabric::{FabricError, HandshakeState};
+use kvlease::fabric::{Fabric, FabricError, HandshakeState};
 use kvlease::testkit::{d_side_config, remote_prefill, FakeFabric, Policy, SplitMix64};
 use kvlease::topology::TopologyError;
 use kvlease::wire::{self, Notification};
@@ -353,6 +353,40 @@ fn a_send_that_loses_the_connection_goes_back_through_the_handshake() {
         Some(PeerStatus::Failed { failures: 1, .. })
     ));
     assert_eq!(s.counters().send_failed, 1);
+}
+
+#[test]
+fn a_peer_the_fabric_forgot_is_handshaken_again_without_backoff() {
+    let cfg = lease_config();
+    let mut t = HeartbeatTracker::new(&cfg);
+    t.on_new_request("d1", &params("eng", "p1", 1), T0).unwrap();
+    let mut s = sender(fabric(), 1, 0);
+    let handle = t.engine_of("d1").unwrap().handle();
+    let now = connect(&mut s, &mut t);
+    let Some(PeerStatus::Ready { agent, .. }) = s.peer_status(handle, 0) else {
+        panic!("not ready: {:?}", s.peer_status(handle, 0));
+    };
+    assert_eq!(s.fabric().total_messages, 1);
+    // The fabric forgets the peer (a NIXL fabric evicts it to make room for
+    // a restarted worker, or the engine removes it).
+    s.fabric_mut().remove_peer(agent).unwrap();
+    // Its next heartbeat is refused: the peer is forgotten, not backed off...
+    let due = now + cfg.heartbeat_interval();
+    let r = s.step(&mut t, due);
+    assert_eq!((r.messages_sent, r.peers_owed), (0, 1));
+    assert_eq!(s.peer_status(handle, 0), Some(PeerStatus::Idle));
+    assert_eq!(s.counters().peers_forgotten, 1);
+    // ... so the next step handshakes again and the one after sends, well
+    // inside the 250 ms a failed peer would wait.
+    s.step(&mut t, due + ms(1));
+    let r = s.step(&mut t, due + ms(2));
+    assert_eq!((r.messages_sent, r.peers_owed), (1, 0));
+    let Some(PeerStatus::Ready { agent: again, .. }) = s.peer_status(handle, 0) else {
+        panic!("not ready again: {:?}", s.peer_status(handle, 0));
+    };
+    assert_ne!(again, agent, "a forgotten agent's id is not reissued");
+    assert_eq!(s.fabric().total_messages, 2);
+    assert_eq!(s.counters().handshakes_failed, 0);
 }
 
 #[test]

@@ -187,6 +187,7 @@ fn add_peer_checks_the_advert_against_the_remote() {
         metadata: &[],
         advert,
         clock: None,
+        regions: &[],
     };
     // An unknown agent, or an advert naming a region that is not the
     // remote's slot array, is refused.

@@ -29,7 +29,7 @@ use std::process::ChildStdin;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use kvlease::fabric::nixl::{agents_created, NixlConfig, NixlFabric};
+use kvlease::fabric::nixl::{agents_created, drain_raw_notifications, NixlConfig, NixlFabric};
 use kvlease::fabric::Fabric;
 use kvlease::{Instant, LeaseFields, MonotonicClock, Nonce};
 use nixl_sys::{
@@ -115,17 +115,9 @@ impl EngineAgent for NixlEngine {
     }
 
     fn drain(&mut self, _f: &mut NixlFabric, sink: &mut dyn FnMut(&str, &[u8])) {
-        self.agent
-            .get_notifications(&mut self.map, None)
-            .expect("drain");
-        if self.map.is_empty().expect("map") {
-            return;
-        }
-        for (sender, msgs) in &self.map.take_notifs().expect("UTF-8 notifications") {
-            for m in msgs {
-                sink(sender, m.as_bytes());
-            }
-        }
+        // kvlease's raw drain: an engine's own drain that a notification
+        // which is not UTF-8 cannot wedge.
+        drain_raw_notifications(&self.agent, &mut self.map, sink).expect("drain");
     }
 
     fn send_own(&mut self, _f: &mut NixlFabric, peer: &str, msg: &[u8], _now: Instant) {

@@ -761,6 +761,41 @@ fn read_against_an_agent_that_restarted_fails() {
 }
 
 #[test]
+fn a_removed_peer_is_unknown_and_its_reads_are_cancelled() {
+    let (src, dst) = bufs(7);
+    let (mut w, d) = read_pair(&src, &dst, timing(Some(10), None));
+    let x = w.d.post_read(w.to_p, &[d], None, t(0)).unwrap();
+    assert_eq!(w.d.remove_peer(w.to_p), Ok(()));
+    // The READ in flight ends without copying; the id is unknown everywhere.
+    assert_eq!(
+        w.d.read_state(x, t(20)),
+        XferState::Failed(FabricError::Cancelled)
+    );
+    assert_eq!(dst.bytes(), [0; 8]);
+    assert_eq!(
+        w.d.handshake_state(w.to_p, t(20)),
+        HandshakeState::Failed(FabricError::UnknownAgent)
+    );
+    assert_eq!(
+        w.d.send_notification(w.to_p, b"x"),
+        Err(FabricError::UnknownAgent)
+    );
+    assert_eq!(
+        w.d.post_read(w.to_p, &[d], None, t(20)),
+        Err(FabricError::UnknownAgent)
+    );
+    assert_eq!(w.d.remove_peer(w.to_p), Err(FabricError::UnknownAgent));
+    assert_eq!(w.d.stats().reads_failed, 1);
+    // The other direction is untouched, and a new handshake starts afresh.
+    w.p.send_notification(w.to_d, b"still here").unwrap();
+    assert_eq!(texts(&drain(&mut w.d)), ["still here"]);
+    let again = connect(&mut w.d, "P", t(30));
+    let x = w.d.post_read(again, &[d], None, t(30)).unwrap();
+    assert_eq!(w.d.read_state(x, t(40)), XferState::Done);
+    assert_eq!(dst.bytes(), [7; 8]);
+}
+
+#[test]
 fn partition_cuts_both_directions_until_healed() {
     let (src, dst) = bufs(3);
     let (mut w, d) = read_pair(&src, &dst, timing(Some(1), Some(100)));

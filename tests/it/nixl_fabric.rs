@@ -40,6 +40,13 @@ use kvlease::fabric::nixl::{
 use kvlease::fabric::{AgentId, Fabric, FabricError, HandshakeState, RegionId, XferId, XferState};
 use kvlease::{EngineShape, LeaseBook, LeaseConfig, LeaseSlots, MonotonicClock};
 
+// The peer table (restarts, removal, eviction), the side channel's clients,
+// and embedders whose peers do not speak kvlease: submodules, so that
+// `nixl_fabric::` selects them too (CI reruns it over UCX TCP).
+mod foreign;
+mod peers;
+mod side_channel;
+
 /// Environment switch: this test binary runs as the two-process test's peer.
 const CHILD_ENV: &str = "KVLEASE_NIXL_CHILD";
 /// What the child prints once it listens: `KVLEASE_CHILD_READY <addr>`.
@@ -496,6 +503,18 @@ fn bad_settings_are_refused_before_nixl_is_touched() {
         NixlFabric::new(cfg).err(),
         Some(NixlInitError::BadConfig(_))
     ));
+    for (agents, clients) in [(0, 32), ((1 << 20) + 1, 32), (64, 0)] {
+        let mut cfg = NixlConfig::new(unique_name("bad"));
+        cfg.max_agents = agents;
+        cfg.max_side_channel_clients = clients;
+        assert!(
+            matches!(
+                NixlFabric::new(cfg).err(),
+                Some(NixlInitError::BadConfig(_))
+            ),
+            "max_agents {agents}, max_side_channel_clients {clients}"
+        );
+    }
     // A listen address that cannot be bound.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mut cfg = NixlConfig::new(unique_name("bad"));

@@ -31,6 +31,29 @@ pub fn unique_name(role: &str) -> String {
     )
 }
 
+/// An engine's own NIXL agent, made the way an engine worker makes it: no
+/// progress thread (its loop drains every step), UCX with error handling
+/// `none`. For the tests of [`NixlFabric::with_agent`].
+pub fn engine_agent(role: &str) -> nixl_sys::Agent {
+    let cfg = nixl_sys::AgentConfig {
+        enable_prog_thread: false,
+        enable_listen_thread: false,
+        thread_sync: nixl_sys::ThreadSync::Default,
+        num_workers: 1,
+        pthr_delay_us: 0,
+        capture_telemetry: false,
+        ..nixl_sys::AgentConfig::default()
+    };
+    let agent = nixl_sys::Agent::new_configured(&unique_name(role), &cfg).expect("engine agent");
+    let (_mems, defaults) = agent.get_plugin_params("UCX").expect("UCX params");
+    let mut params = defaults.clone().expect("params");
+    params
+        .set("ucx_error_handling_mode", "none")
+        .expect("error handling");
+    agent.create_backend("UCX", &params).expect("UCX backend");
+    agent
+}
+
 pub fn fabric(role: &str, clock: MonotonicClock, progress: ProgressMode) -> NixlFabric {
     let mut cfg = NixlConfig::new(unique_name(role));
     cfg.clock = clock;

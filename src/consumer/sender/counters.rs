@@ -38,6 +38,10 @@ pub struct SenderCounters {
     pub address_errors: u64,
     /// Sends the fabric refused; the peer is retried.
     pub send_failed: u64,
+    /// Ready peers the fabric no longer knew at a send (it removed or
+    /// evicted them: `UnknownAgent`): forgotten, and handshaken again at
+    /// their next visit without backoff.
+    pub peers_forgotten: u64,
     /// Ids the encoder could not fit into a message (longer than the limit).
     pub ids_skipped: u64,
 }

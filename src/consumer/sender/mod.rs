@@ -43,6 +43,14 @@
 //!   [`SenderConfig::backoff_max`]; counted in [`SenderCounters`], never a
 //!   panic. A send that fails with a connection error sends the peer back
 //!   through the handshake, and the peer is owed the heartbeat.
+//! - **forgotten by the fabric**: a send refused with
+//!   [`FabricError::UnknownAgent`] means the fabric removed or evicted the
+//!   peer (a NIXL fabric whose peer table filled with restarted workers);
+//!   the peer goes back to "no handshake yet" without backoff and is owed
+//!   the heartbeat ([`SenderCounters::peers_forgotten`]). The sender never
+//!   removes fabric peers itself: the verifier and the engine use the same
+//!   [`AgentId`]s. Its own peer state is per engine slot, reset when the
+//!   tracker reuses the slot, so P restarts do not fill it.
 //!
 //! # Owed heartbeats
 //!

@@ -423,11 +423,15 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
                         // owed sweep retries it in a later step.
                         p.send = Form::None;
                         p.send_failed = true;
-                        if matches!(
+                        if err == FabricError::UnknownAgent {
+                            // The fabric evicted or removed the peer while
+                            // it worked: start over at once, as with a peer
+                            // never seen (a new handshake re-registers it).
+                            counters.peers_forgotten += 1;
+                            p.status = PeerStatus::Idle;
+                        } else if matches!(
                             err,
-                            FabricError::NotConnected
-                                | FabricError::UnknownAgent
-                                | FabricError::PeerUnreachable
+                            FabricError::NotConnected | FabricError::PeerUnreachable
                         ) {
                             counters.handshakes_failed += 1;
                             p.failures = p.failures.saturating_add(1);

@@ -322,7 +322,9 @@ impl Fabric for LoopbackFabric {
             return XferState::Failed(FabricError::UnknownXfer);
         };
         let target = e.target;
-        let state = if net.incarnation(target) != e.target_incarnation {
+        let state = if let Some(err) = e.aborted {
+            XferState::Failed(err)
+        } else if net.incarnation(target) != e.target_incarnation {
             // The remote restarted: the memory we were reading is another
             // process's now.
             XferState::Failed(FabricError::PeerUnreachable)
@@ -359,6 +361,22 @@ impl Fabric for LoopbackFabric {
             XferState::InProgress => {}
         }
         state
+    }
+
+    fn remove_peer(&mut self, agent: AgentId) -> Result<(), FabricError> {
+        self.sync_life();
+        let peer = self
+            .peers
+            .get_mut(agent.0 as usize)
+            .ok_or(FabricError::UnknownAgent)?;
+        if let Handshake::Idle = peer.handshake {
+            return Err(FabricError::UnknownAgent);
+        }
+        // The link's fault sequence numbers stay: a new handshake with the
+        // same agent does not replay its fates.
+        peer.handshake = Handshake::Idle;
+        self.reads.abort_target(agent.0, FabricError::Cancelled);
+        Ok(())
     }
 
     fn cancel_read(&mut self, xfer: XferId) {

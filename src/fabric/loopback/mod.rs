@@ -40,6 +40,11 @@
 //!   attached notification: a slot that changes between post and completion
 //!   is seen changed. Past [`LoopbackConfig::transfer_timeout`] it is
 //!   `Failed(TimedOut)`.
+//! - **Removal.** `remove_peer` returns the agent to "never handshaken":
+//!   its id (the node index, stable for the network's life) is
+//!   `UnknownAgent` until the next handshake with it, and READs from it in
+//!   flight are `Failed(Cancelled)` at their next poll. The table has one
+//!   entry per node, so it never fills and nothing is evicted.
 //!
 //! # Faults
 //!

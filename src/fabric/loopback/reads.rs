@@ -29,6 +29,8 @@ pub(crate) struct ReadEntry {
     pub(crate) deadline: Instant,
     /// Injected failure, reported when it would have completed.
     pub(crate) fail: Option<FabricError>,
+    /// Ended before completion (its peer was removed): reported at once.
+    pub(crate) aborted: Option<FabricError>,
     descs: Box<[ReadDesc]>,
     desc_count: usize,
     notification: Box<[u8]>,
@@ -81,6 +83,7 @@ impl ReadTable {
                     done_at: Instant::ZERO,
                     deadline: Instant::ZERO,
                     fail: None,
+                    aborted: None,
                     descs: vec![EMPTY_DESC; max_descs as usize].into_boxed_slice(),
                     desc_count: 0,
                     notification: vec![0u8; max_notification_len].into_boxed_slice(),
@@ -124,6 +127,7 @@ impl ReadTable {
         e.done_at = plan.done_at;
         e.deadline = plan.deadline;
         e.fail = plan.fail;
+        e.aborted = None;
         e.descs[..descs.len()].copy_from_slice(descs);
         e.desc_count = descs.len();
         e.notification_len = notification.map(<[u8]>::len);
@@ -146,6 +150,16 @@ impl ReadTable {
                 e.active = false;
                 e.generation = e.generation.wrapping_add(1);
                 self.free.push(index);
+            }
+        }
+    }
+
+    /// Ends every READ from `target` with `err`, reported at the READ's
+    /// next poll (its peer was removed).
+    pub(crate) fn abort_target(&mut self, target: u32, err: FabricError) {
+        for e in self.entries.iter_mut() {
+            if e.active && e.target == target {
+                e.aborted = Some(err);
             }
         }
     }
@@ -187,6 +201,25 @@ mod tests {
         assert!(t.get(b).unwrap().1.notification().is_none());
         t.clear();
         assert!(t.get(b).is_none());
+    }
+
+    #[test]
+    fn aborting_a_target_marks_only_its_reads() {
+        let mut t = ReadTable::new(3, 1, 0);
+        let a = t.insert(plan(), &[], None).unwrap();
+        let other = ReadPlan {
+            target: 2,
+            ..plan()
+        };
+        let b = t.insert(other, &[], None).unwrap();
+        t.abort_target(1, FabricError::Cancelled);
+        assert_eq!(t.get(a).unwrap().1.aborted, Some(FabricError::Cancelled));
+        assert_eq!(t.get(b).unwrap().1.aborted, None);
+        // A READ that reuses the entry starts clean.
+        let (i, _) = t.get(a).unwrap();
+        t.remove(i);
+        let c = t.insert(plan(), &[], None).unwrap();
+        assert_eq!(t.get(c).unwrap().1.aborted, None);
     }
 
     #[test]

@@ -53,7 +53,10 @@ pub struct NixlConfig {
     pub transfer_timeout: Duration,
     /// Largest notification sent or attached to a READ. Default 4096 bytes.
     pub max_notification_len: usize,
-    /// Most remote agents (handshake addresses). Default 64.
+    /// Entries of the peer table: remote agents known at once (handshake
+    /// addresses and registered names), 1..=2^20. When it is full, a new
+    /// peer evicts a stale one (see the module docs, "Peers: removal and
+    /// eviction"). Default 64.
     pub max_agents: usize,
     /// Most READs in flight at once. Default 256.
     pub max_inflight_reads: usize,
@@ -66,6 +69,10 @@ pub struct NixlConfig {
     /// [`Fabric::add_peer`] turns it off; [`NixlFabric::listen_addr`] is then
     /// the unspecified address.
     pub side_channel: bool,
+    /// Side-channel clients served at once, each on a thread of its own for
+    /// at most 2 s; a client beyond them is disconnected at once (it sees a
+    /// failed handshake and retries). At least 1. Default 32.
+    pub max_side_channel_clients: usize,
 }
 
 impl NixlConfig {
@@ -84,6 +91,7 @@ impl NixlConfig {
             max_inflight_reads: 256,
             max_cached_requests: 1024,
             side_channel: true,
+            max_side_channel_clients: 32,
         }
     }
 }
@@ -137,4 +145,17 @@ pub struct NixlStats {
     /// Times the notification map had to be replaced because `nixl-sys`
     /// refused to clear it (a notification that is not UTF-8).
     pub notification_map_resets: u64,
+    /// Peers in the table now (at most [`NixlConfig::max_agents`]).
+    pub peers: u64,
+    /// Peers forgotten through [`Fabric::remove_peer`].
+    pub peers_removed: u64,
+    /// Peers evicted to make room for a new one.
+    pub peers_evicted: u64,
+    /// Prepared transfer requests held now.
+    pub cached_requests: u64,
+    /// Side-channel clients answered.
+    pub side_channel_answered: u64,
+    /// Side-channel clients disconnected because
+    /// [`NixlConfig::max_side_channel_clients`] were being served.
+    pub side_channel_refused: u64,
 }

@@ -49,16 +49,15 @@ impl Fabric for NixlFabric {
         if address.is_empty() || address.len() > MAX_ADDRESS_LEN {
             return Err(FabricError::BadAddress);
         }
-        let existing = self.peers.iter().position(|p| p.address == address);
-        let i = match existing {
-            Some(i) if self.peers[i].registered => return Ok(AgentId(i as u32)),
-            Some(i) if !matches!(self.peers[i].state, PeerState::Failed(_)) => {
-                return Ok(AgentId(i as u32));
+        let existing = self.peers.find(address);
+        if let Some(i) = existing {
+            self.touch(i);
+            if let Some(p) = self.peers.get(i) {
+                if p.registered || !matches!(p.state, PeerState::Failed(_)) {
+                    return Ok(self.peers.id(i));
+                }
             }
-            Some(i) => i,
-            None if self.peers.len() >= self.config.max_agents => return Err(FabricError::Full),
-            None => self.peers.len(),
-        };
+        }
         let (tx, rx) = mpsc::channel();
         let target = address.to_owned();
         let clock = self.config.clock;
@@ -74,17 +73,28 @@ impl Fabric for NixlFabric {
             rx,
             deadline: now + timeout,
         };
-        if i == self.peers.len() {
-            self.peers.push(Peer {
-                address: address.to_owned(),
-                registered: false,
-                state,
-                name: None,
-            });
-        } else {
-            self.peers[i].state = state;
+        match existing.and_then(|i| self.peers.get_mut(i).map(|p| (i, p))) {
+            Some((i, p)) => {
+                p.state = state;
+                Ok(self.peers.id(i))
+            }
+            None => {
+                // Claimed after the spawn, so that a failed spawn evicts
+                // nobody.
+                let i = self.claim_entry()?;
+                self.use_counter += 1;
+                Ok(self.peers.insert(
+                    i,
+                    Peer {
+                        address: address.to_owned(),
+                        registered: false,
+                        state,
+                        name: None,
+                        last_used: self.use_counter,
+                    },
+                ))
+            }
         }
-        Ok(AgentId(i as u32))
     }
 
     fn lease_advert(&self) -> LeaseAdvert {
@@ -107,31 +117,50 @@ impl Fabric for NixlFabric {
         if name.is_empty() || name.len() > MAX_NAME_LEN || name.contains('\0') {
             return Err(FabricError::BadAddress);
         }
+        if record.regions.len() >= MAX_REGIONS
+            || record
+                .regions
+                .iter()
+                .any(|r| r.len == 0 || r.addr.checked_add(r.len).is_none())
+        {
+            return Err(FabricError::UnknownRegion);
+        }
         // Keyed by the agent's name, so that a sender whose peer address is
         // that name finds it through `start_handshake`.
-        let i = match self.peers.iter().position(|p| p.address == name) {
+        let i = match self.peers.find(name) {
             Some(i) => i,
-            None if self.peers.len() >= self.config.max_agents => return Err(FabricError::Full),
             None => {
-                self.peers.push(Peer {
-                    address: name.to_owned(),
-                    registered: true,
-                    state: PeerState::Failed(FabricError::NotConnected),
-                    name: None,
-                });
-                self.peers.len() - 1
+                let i = self.claim_entry()?;
+                self.peers.insert(
+                    i,
+                    Peer {
+                        address: name.to_owned(),
+                        registered: true,
+                        state: PeerState::Failed(FabricError::NotConnected),
+                        name: None,
+                        last_used: 0,
+                    },
+                );
+                i
             }
         };
-        self.peers[i].registered = true;
+        self.touch(i);
+        if let Some(p) = self.peers.get_mut(i) {
+            p.registered = true;
+        }
         let advert = record.advert.unwrap_or(LeaseAdvert {
             slots: None,
             compact_heartbeats: false,
         });
-        // The remote's slot region is its region 0 here: a registered peer
-        // exports nothing else to kvlease (the engine READs its KV itself).
-        let (slot_region, slot_count, regions) = match advert.slots {
-            Some(s) => (Some(0), s.count, vec![(s.addr, s.len)]),
-            None => (None, 0, Vec::new()),
+        // The remote's regions, as the record lists them (its KV), then its
+        // slot array, if it advertises one.
+        let mut regions: Vec<(u64, u64)> = record.regions.iter().map(|r| (r.addr, r.len)).collect();
+        let (slot_region, slot_count) = match advert.slots {
+            Some(s) => {
+                regions.push((s.addr, s.len));
+                (Some(regions.len() as u32 - 1), s.count)
+            }
+            None => (None, 0),
         };
         let reply = Reply {
             name: name.to_owned(),
@@ -143,7 +172,7 @@ impl Fabric for NixlFabric {
             clock: record.clock,
         };
         match self.complete_handshake(i, reply) {
-            HandshakeState::Ready(_) => Ok(AgentId(i as u32)),
+            HandshakeState::Ready(_) => Ok(self.peers.id(i)),
             HandshakeState::Failed(e) => Err(e),
             HandshakeState::Pending => Err(FabricError::NotConnected),
         }
@@ -154,7 +183,10 @@ impl Fabric for NixlFabric {
             Ok(i) => i,
             Err(e) => return HandshakeState::Failed(e),
         };
-        let polled = match &self.peers[i].state {
+        let Some(peer) = self.peers.get_mut(i) else {
+            return HandshakeState::Failed(FabricError::UnknownAgent);
+        };
+        let polled = match &peer.state {
             PeerState::Pending { rx, deadline } => match rx.try_recv() {
                 Ok(answer) => Some(answer),
                 Err(TryRecvError::Empty) if now >= *deadline => Some(Err(FabricError::TimedOut)),
@@ -166,10 +198,10 @@ impl Fabric for NixlFabric {
         match polled {
             Some(Ok(reply)) => self.complete_handshake(i, reply),
             Some(Err(e)) => {
-                self.peers[i].state = PeerState::Failed(e);
+                peer.state = PeerState::Failed(e);
                 HandshakeState::Failed(e)
             }
-            None => state_of(&self.peers[i].state),
+            None => state_of(&peer.state),
         }
     }
 
@@ -178,9 +210,10 @@ impl Fabric for NixlFabric {
         if msg.len() > self.config.max_notification_len {
             return Err(FabricError::MessageTooLarge);
         }
-        let name = self.peers[i]
-            .name
-            .as_deref()
+        let name = self
+            .peers
+            .get(i)
+            .and_then(|p| p.name.as_deref())
             .ok_or(FabricError::NotConnected)?;
         match self.agent.send_notification(name, msg, None) {
             Ok(()) => {
@@ -195,7 +228,7 @@ impl Fabric for NixlFabric {
                 // backs off and handshakes again (a restarted peer has a new
                 // agent) instead of retrying a dead endpoint every step.
                 self.stats.notifications_failed += 1;
-                self.fail_peer(i, FabricError::PeerUnreachable);
+                self.fail_peer(to, FabricError::PeerUnreachable);
                 Err(FabricError::PeerUnreachable)
             }
         }
@@ -210,42 +243,13 @@ impl Fabric for NixlFabric {
             // to the roles; draining here would take the engine's.
             return Ok(0);
         }
-        self.agent
-            .get_notifications(&mut self.notif_map, None)
-            .map_err(backend)?;
-        if self.notif_map.is_empty().map_err(backend)? {
-            return Ok(0);
+        let drained =
+            drain_raw_notifications(&self.agent, &mut self.notif_map, sink).map_err(backend)?;
+        if drained.map_replaced {
+            self.stats.notification_map_resets += 1;
         }
-        let mut n = 0usize;
-        match self.notif_map.take_notifs() {
-            Ok(all) => {
-                for (sender, msgs) in &all {
-                    for m in msgs {
-                        sink(sender, m.as_bytes());
-                        n += 1;
-                    }
-                }
-            }
-            Err(_) => {
-                // nixl-sys refuses to take (and so to clear) a map holding a
-                // notification that is not UTF-8. Hand out the bytes as they
-                // are, then replace the map: the only way to empty it.
-                for sender in self.notif_map.agents() {
-                    let Ok(sender) = sender else { continue };
-                    let Ok(msgs) = self.notif_map.get_notifications(sender) else {
-                        continue;
-                    };
-                    for m in msgs.flatten() {
-                        sink(sender, &m);
-                        n += 1;
-                    }
-                }
-                self.notif_map = NotificationMap::new().map_err(backend)?;
-                self.stats.notification_map_resets += 1;
-            }
-        }
-        self.stats.notifications_received += n as u64;
-        Ok(n)
+        self.stats.notifications_received += drained.delivered as u64;
+        Ok(drained.delivered)
     }
 
     fn post_read(
@@ -263,7 +267,8 @@ impl Fabric for NixlFabric {
             return Err(FabricError::Backend(STATUS_INVALID_PARAM));
         }
         {
-            let PeerState::Ready { regions, .. } = &self.peers[pi].state else {
+            let Some(PeerState::Ready { regions, .. }) = self.peers.get(pi).map(|p| &p.state)
+            else {
                 return Err(FabricError::NotConnected);
             };
             for d in descs {
@@ -309,6 +314,7 @@ impl Fabric for NixlFabric {
                     id,
                     cache: ci,
                     peer,
+                    agent: from,
                     posted_at: now,
                     done: !in_progress,
                     failed: None,
@@ -320,7 +326,7 @@ impl Fabric for NixlFabric {
                 let err = backend(e);
                 self.drop_cached(ci);
                 self.stats.reads_failed += 1;
-                self.fail_peer(pi, err);
+                self.fail_peer(from, err);
                 Err(err)
             }
         }
@@ -353,7 +359,7 @@ impl Fabric for NixlFabric {
                 if now.saturating_duration_since(r.posted_at) >= self.config.transfer_timeout {
                     self.stats.reads_failed += 1;
                     self.finish_read(i, true);
-                    self.fail_peer(r.peer as usize, FabricError::TimedOut);
+                    self.fail_peer(r.agent, FabricError::TimedOut);
                     XferState::Failed(FabricError::TimedOut)
                 } else {
                     XferState::InProgress
@@ -363,10 +369,17 @@ impl Fabric for NixlFabric {
                 let err = backend(e);
                 self.stats.reads_failed += 1;
                 self.finish_read(i, true);
-                self.fail_peer(r.peer as usize, err);
+                self.fail_peer(r.agent, err);
                 XferState::Failed(err)
             }
         }
+    }
+
+    fn remove_peer(&mut self, agent: AgentId) -> Result<(), FabricError> {
+        let i = self.peer_index(agent)?;
+        self.release_peer(i);
+        self.stats.peers_removed += 1;
+        Ok(())
     }
 
     fn cancel_read(&mut self, xfer: XferId) {

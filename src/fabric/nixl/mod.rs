@@ -10,12 +10,31 @@
 //! libraries, no Python install; see the README's "Fabrics").
 //!
 //! This module owns one NIXL agent per fabric, its UCX backend, the memory it
-//! registers, the handshake side channel and the prepared READ requests. It
-//! holds no lease logic. An engine that already has an agent builds the
-//! fabric over it instead ([`NixlFabric::with_agent`]): then the agent, its
-//! backend and its drain are the engine's, peers come from the engine's own
-//! handshake ([`Fabric::add_peer`] with a [`LeaseAdvert`]), and the side
-//! channel below is optional ([`NixlConfig::side_channel`]).
+//! registers, the handshake side channel, the peer table and the prepared
+//! READ requests. It holds no lease logic. An engine that already has an
+//! agent builds the fabric over it instead ([`NixlFabric::with_agent`]):
+//! then the agent, its backend and its drain are the engine's, peers come
+//! from the engine's own handshake ([`Fabric::add_peer`] with a
+//! [`LeaseAdvert`]), and the side channel below is optional
+//! ([`NixlConfig::side_channel`]).
+//!
+//! # Embedding against peers that do not speak kvlease
+//!
+//! - **Draining.** [`drain_raw_notifications`] drains an agent the engine
+//!   owns and hands out every notification as bytes, per sender name.
+//!   `nixl-sys`'s own `take_notifs` fails on a message that is not UTF-8 and
+//!   leaves it (and everything behind it) queued; the fabric's own
+//!   [`Fabric::drain_notifications`] uses the same helper.
+//! - **Reading a foreign P's KV.** [`PeerRecord::regions`] lists the P's KV
+//!   regions (address and length, as its engine's handshake describes them);
+//!   [`Fabric::add_peer`] registers them as the peer's regions `0..n` (its
+//!   slot region, if it advertises one, is `n`), so [`Fabric::post_read`]
+//!   serves the KV pull, prepared and re-posted like any READ, and not only
+//!   the slot check.
+//! - **Being read by one.** [`NixlFabric::local_metadata`] is this agent's
+//!   NIXL metadata and [`NixlFabric::local_region`] a registered region's
+//!   address and length: what a peer that never speaks kvlease's side
+//!   channel loads (`load_remote_md`) and names in its READs.
 //!
 //! # Handshake: our own side channel
 //!
@@ -37,12 +56,15 @@
 //!  engine loop (handshake_state): load_remote_md + make_connection ─▶ Ready
 //! ```
 //!
-//! Two kinds of background thread, both inside the fabric and neither ever
+//! Three kinds of background thread, all inside the fabric and none ever
 //! touching the NIXL agent (so every NIXL call happens on the engine thread):
 //!
-//! - one **listener thread** per fabric, answering handshakes from a
-//!   pre-encoded body that the engine thread refreshes after every
-//!   registration (each answer takes the clock sample when it is written);
+//! - one **listener thread** per fabric, accepting side-channel clients;
+//! - one short-lived **client thread** per accepted client (at most
+//!   [`NixlConfig::max_side_channel_clients`] at once, 64 KiB of stack
+//!   each), answering from a pre-encoded body that the engine thread
+//!   refreshes after every registration (each answer takes the clock sample
+//!   when it is written) and gone within 2 s;
 //! - one short-lived **handshake thread** per [`Fabric::start_handshake`],
 //!   doing the blocking connect/write/read with the handshake timeout and
 //!   handing the parsed answer to the engine loop over a channel.
@@ -164,10 +186,13 @@
 //! | `read_state`, `cancel_read`                 | no (`get_xfer_status`; cancel releases the request, so  |
 //! |                                             | the set's next READ creates one again)                  |
 //! | `drain_notifications`, nothing pending      | no (`get_notifications` + map size)                     |
-//! | `drain_notifications`, `n` messages         | yes: `take_notifs` builds a `HashMap` of `String`s       |
+//! | `drain_notifications`, `n` messages         | yes: `take_notifs` builds a `HashMap` of `String`s (not |
+//! |                                             | UTF-8: a `Vec` per message and a new map)               |
 //! | `send_notification`                         | yes: `nixl-sys` makes a `CString` of the peer name      |
 //! | `handshake_state` while pending             | no (channel `try_recv`)                                 |
 //! | `start_handshake`, handshake completion     | yes (thread, buffers, metadata), once per handshake     |
+//! | `add_peer`                                  | yes (name, region table, metadata), once per peer       |
+//! | `remove_peer`, eviction                     | `nixl-sys`'s `CString` for `invalidate_remote_md`       |
 //! | registration                                | yes (once, at construction time)                        |
 //!
 //! # Failure model
@@ -183,16 +208,66 @@
 //! under the same [`AgentId`] (a restarted peer has new metadata and new
 //! memory addresses).
 //!
-//! Peers are keyed by the exact address string given to `start_handshake`:
-//! use one address per remote (`127.0.0.1:p` and `localhost:p` would be two
-//! agents sharing one NIXL name, and re-handshaking one drops the other's
-//! metadata).
+//! Peers are keyed by the exact address string given to `start_handshake`
+//! (or the agent name given to `add_peer`): use one address per remote
+//! (`127.0.0.1:p` and `localhost:p` would be two entries sharing one NIXL
+//! agent; removing either keeps the agent's metadata for the other, but
+//! each holds a table entry).
+//!
+//! # Peers: removal and eviction
+//!
+//! The peer table has [`NixlConfig::max_agents`] entries, allocated at
+//! construction. Every P restart is a new agent (vLLM names each worker's
+//! agent with a fresh uuid, and a side-channel address with port 0 is new
+//! too), so without forgetting, the table would fill after as many
+//! restarts and D could no longer heartbeat or verify a new P. Two ways
+//! out:
+//!
+//! - [`Fabric::remove_peer`] forgets a peer the engine knows is gone.
+//! - **Eviction.** When a new peer needs an entry and none is free, the
+//!   fabric evicts one: never a peer with a READ not yet reported by
+//!   `read_state` (that READ's result is still owed to someone); among the
+//!   rest a failed peer first (its handshake failed, or a READ or send to it
+//!   did), then the least recently used (handshake started or registered,
+//!   notification sent, READ posted). Counted in [`NixlStats::peers_evicted`].
+//!   When every peer has a READ in flight, the new peer is refused with
+//!   [`FabricError::Full`].
+//!
+//! Either way the peer is released in NIXL: its prepared transfer requests
+//! are released (NIXL aborts any still in flight; `read_state` reports its
+//! READs not yet reported `Failed(Cancelled)`), and its metadata is
+//! invalidated (`invalidate_remote_md`) unless another entry loaded the same
+//! agent. A pending handshake's thread finds its channel closed and ends.
+//!
+//! [`AgentId`]s carry their entry's generation, bumped whenever the entry is
+//! emptied: an id held past its peer's removal or eviction (by a heartbeat
+//! sender, a verifier, the engine) is [`FabricError::UnknownAgent`] from then
+//! on, never the entry's next peer. The heartbeat sender answers that by
+//! handshaking again (`crate::consumer::HeartbeatSender`). An evicted peer
+//! that is still alive is simply met again: a new handshake, or a new
+//! `add_peer` from the engine (a registered peer is never dialled).
+//!
+//! Cost: removal and eviction are not step paths. Evicting scans the peer
+//! table and the READ table once; releasing a peer scans the request cache
+//! and makes one `invalidate_remote_md` call (a `CString` in `nixl-sys`).
+//! Adding a peer allocates its address string, its region table and, on
+//! completion, NIXL's metadata. `tests/it/nixl_fabric/peers.rs` runs 200 P
+//! restarts in a row against an 8-entry table: every round handshakes
+//! (alternately by side channel and by `add_peer`), heartbeats and reads a
+//! lease slot, and afterwards NIXL holds the metadata of the last eight P
+//! agents only.
 //!
 //! The side channel is unauthenticated, like NIXL's own listener: it tells
 //! anyone who connects our NIXL metadata and the addresses of our registered
 //! regions. Bind it ([`NixlConfig::listen_addr`]) to an interface only the
-//! deployment's workers reach. It answers one connection at a time; a client
-//! that stalls holds it for at most the 2 s I/O timeouts.
+//! deployment's workers reach. Each client is answered on a thread of its
+//! own and gets 2 s for its whole exchange (request in, answer out, however
+//! the bytes trickle), so a client that connects and says nothing delays no
+//! other handshake; at most [`NixlConfig::max_side_channel_clients`] are
+//! served at once, and a client beyond them is disconnected at once (it
+//! fails its handshake and retries) rather than queued behind stalled ones.
+//! `tests/it/nixl_fabric/side_channel.rs` holds a handshake behind four
+//! silent clients and a trickling one to a few milliseconds.
 //!
 //! `Backend(code)` carries the NIXL C API status where there is one
 //! ([`STATUS_INVALID_PARAM`], [`STATUS_BACKEND`], [`STATUS_NOT_FOUND`]) and a
@@ -223,7 +298,7 @@ use nixl_sys::{
 
 use super::{
     AgentId, ClockSample, Fabric, FabricError, HandshakeState, LandingWords, LeaseAdvert, PeerInfo,
-    PeerRecord, ReadDesc, RegionId, SlotRegion, XferId, XferState,
+    PeerRecord, ReadDesc, RegionId, RemoteRegion, SlotRegion, XferId, XferState,
 };
 use crate::collections::FreeStack;
 use crate::slots::LeaseSlots;
@@ -236,6 +311,8 @@ pub use nixl_sys;
 
 mod config;
 mod fabric_api;
+mod peers;
+mod raw_drain;
 mod request_cache;
 mod setup;
 mod side_channel;
@@ -243,6 +320,8 @@ mod side_channel;
 mod tests;
 
 pub use config::{NixlConfig, NixlInitError, NixlStats, ProgressMode, UcxErrorHandling};
+use peers::{Peer, PeerState, PeerTable, MAX_PEER_TABLE};
+pub use raw_drain::{drain_raw_notifications, RawDrain};
 use request_cache::desc_hash;
 use side_channel::{exchange, start_listener};
 
@@ -275,8 +354,11 @@ const MAX_REGIONS: usize = 1 << 16;
 const MAX_NAME_LEN: usize = 255;
 /// Longest handshake address string.
 const MAX_ADDRESS_LEN: usize = 512;
-/// Per-connection I/O timeout of the listener.
-const LISTENER_IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the listener gives one client for its whole exchange (request
+/// in, answer out); a client still at it then is cut off.
+const LISTENER_CLIENT_DEADLINE: Duration = Duration::from_secs(2);
+/// Stack of a side-channel client thread: it copies one answer, nothing more.
+const CLIENT_THREAD_STACK: usize = 64 << 10;
 /// "No slot region" in the advertisement.
 const NO_REGION: u32 = u32::MAX;
 
@@ -299,8 +381,11 @@ pub fn agents_created() -> u64 {
 
 /// The capacity settings every constructor checks.
 fn check_config(config: &NixlConfig) -> Result<(), NixlInitError> {
-    if config.max_agents == 0 || config.max_agents > u32::MAX as usize {
+    if config.max_agents == 0 || config.max_agents > MAX_PEER_TABLE {
         return Err(NixlInitError::BadConfig("max_agents"));
+    }
+    if config.max_side_channel_clients == 0 {
+        return Err(NixlInitError::BadConfig("max_side_channel_clients"));
     }
     if config.max_inflight_reads == 0 || config.max_inflight_reads > u32::MAX as usize {
         return Err(NixlInitError::BadConfig("max_inflight_reads"));
@@ -382,28 +467,6 @@ struct Reply {
     clock: Option<ClockSample>,
 }
 
-enum PeerState {
-    Pending {
-        rx: Receiver<Result<Reply, FabricError>>,
-        deadline: Instant,
-    },
-    Ready {
-        info: PeerInfo,
-        regions: Vec<(u64, u64)>,
-    },
-    Failed(FabricError),
-}
-
-struct Peer {
-    address: String,
-    /// Registered from the engine's handshake ([`Fabric::add_peer`]): only
-    /// a new `add_peer` revives it, `start_handshake` never dials it.
-    registered: bool,
-    state: PeerState,
-    /// The NIXL name whose metadata is loaded for this peer, if any.
-    name: Option<String>,
-}
-
 /// A prepared transfer request for one (peer, descriptor set).
 struct Cached {
     peer: u32,
@@ -419,7 +482,10 @@ struct Inflight {
     /// 0: slot free.
     id: u64,
     cache: usize,
+    /// The peer's entry in the table.
     peer: u32,
+    /// The peer's id: a later peer in the same entry is not this READ's.
+    agent: AgentId,
     posted_at: Instant,
     /// Completed inside `post_xfer_req`.
     done: bool,
@@ -434,6 +500,7 @@ const FREE_READ: Inflight = Inflight {
     id: 0,
     cache: NO_CACHE,
     peer: 0,
+    agent: AgentId(u32::MAX),
     posted_at: Instant::ZERO,
     done: false,
     failed: None,
@@ -444,6 +511,7 @@ struct Listener {
     addr: SocketAddr,
     stop: Arc<AtomicU32>,
     thread: Option<JoinHandle<()>>,
+    counters: Arc<side_channel::ClientCounters>,
 }
 
 /// The real NIXL fabric. See the module docs.
@@ -466,7 +534,7 @@ pub struct NixlFabric {
     notif_map: NotificationMap,
     opt_plain: OptArgs,
     opt_notif: OptArgs,
-    peers: Vec<Peer>,
+    peers: PeerTable,
     advert: Arc<Mutex<Arc<Vec<u8>>>>,
     listener: Option<Listener>,
     /// The engine owns the agent and drains it ([`NixlFabric::with_agent`]).
@@ -486,7 +554,7 @@ impl fmt::Debug for NixlFabric {
             .field("listen_addr", &self.listen_addr())
             .field("engine_drains", &self.engine_drains)
             .field("regions", &self.regions.len())
-            .field("peers", &self.peers.len())
+            .field("peers", &self.peers.live())
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }

@@ -74,7 +74,9 @@ impl NixlFabric {
         peer: usize,
         descs: &[ReadDesc],
     ) -> Result<XferRequest, FabricError> {
-        let p = &self.peers[peer];
+        let Some(p) = self.peers.get(peer) else {
+            return Err(FabricError::UnknownAgent);
+        };
         let (PeerState::Ready { regions, .. }, Some(name)) = (&p.state, &p.name) else {
             return Err(FabricError::NotConnected);
         };

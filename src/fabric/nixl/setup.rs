@@ -1,6 +1,8 @@
 //! Building a [`NixlFabric`] (over an agent of its own or the engine's),
-//! its registrations and advert, and the peer and READ bookkeeping the
-//! [`Fabric`] methods share. Dropping it stops the side channel.
+//! its registrations, advert and exported metadata, and the peer and READ
+//! bookkeeping the [`Fabric`] methods share: claiming a peer entry (with
+//! eviction) and releasing a peer in NIXL. Dropping it stops the side
+//! channel's listener.
 
 use super::*;
 
@@ -114,6 +116,7 @@ impl NixlFabric {
                 config.listen_addr,
                 advert.clone(),
                 config.clock,
+                config.max_side_channel_clients,
             )?)
         } else {
             None
@@ -134,7 +137,7 @@ impl NixlFabric {
             notif_map,
             opt_plain,
             opt_notif,
-            peers: Vec::with_capacity(config.max_agents),
+            peers: PeerTable::new(config.max_agents),
             advert,
             listener,
             engine_drains,
@@ -165,9 +168,39 @@ impl NixlFabric {
         self.engine_drains
     }
 
-    /// Counters since construction.
+    /// Counters since construction (and two gauges: peers and prepared
+    /// requests held now).
     pub fn stats(&self) -> NixlStats {
-        self.stats
+        let (answered, refused) = self
+            .listener
+            .as_ref()
+            .map_or((0, 0), |l| l.counters.snapshot());
+        NixlStats {
+            peers: self.peers.live() as u64,
+            cached_requests: self.cache.iter().filter(|c| c.is_some()).count() as u64,
+            side_channel_answered: answered,
+            side_channel_refused: refused,
+            ..self.stats
+        }
+    }
+
+    /// This agent's NIXL metadata (`get_local_md`), covering every
+    /// registration so far: what a peer that does not speak kvlease's side
+    /// channel loads (`load_remote_md`) to reach us, e.g. as the
+    /// [`PeerRecord::metadata`] of its own fabric's [`Fabric::add_peer`].
+    /// Take it after the last registration. Allocates; not a step path.
+    pub fn local_metadata(&self) -> Result<Vec<u8>, FabricError> {
+        self.agent.get_local_md().map_err(backend)
+    }
+
+    /// Local region `id` as a peer names it: the virtual address and length
+    /// registered with NIXL (what [`PeerRecord::regions`] carries to a
+    /// peer's `add_peer`). `None` for an id not registered here.
+    pub fn local_region(&self, id: RegionId) -> Option<RemoteRegion> {
+        self.regions.get(id.0 as usize).map(|r| RemoteRegion {
+            addr: r.addr as u64,
+            len: r.len as u64,
+        })
     }
 
     /// Registers `addr..addr+len` with NIXL and records it as the next region.
@@ -224,30 +257,85 @@ impl NixlFabric {
     }
 
     pub(super) fn peer_index(&self, agent: AgentId) -> Result<usize, FabricError> {
-        let i = agent.0 as usize;
-        if i < self.peers.len() {
-            Ok(i)
-        } else {
-            Err(FabricError::UnknownAgent)
+        self.peers.index(agent).ok_or(FabricError::UnknownAgent)
+    }
+
+    /// Stamps peer `i` as used now (the eviction order).
+    pub(super) fn touch(&mut self, i: usize) {
+        self.use_counter += 1;
+        if let Some(p) = self.peers.get_mut(i) {
+            p.last_used = self.use_counter;
         }
     }
 
-    /// The peer, if its handshake completed and it has not failed since.
-    pub(super) fn ready_peer(&self, agent: AgentId) -> Result<usize, FabricError> {
+    /// The peer, if its handshake completed and it has not failed since;
+    /// stamped as used.
+    pub(super) fn ready_peer(&mut self, agent: AgentId) -> Result<usize, FabricError> {
         let i = self.peer_index(agent)?;
-        match self.peers[i].state {
-            PeerState::Ready { .. } => Ok(i),
+        match self.peers.get(i).map(|p| &p.state) {
+            Some(PeerState::Ready { .. }) => {
+                self.touch(i);
+                Ok(i)
+            }
             _ => Err(FabricError::NotConnected),
+        }
+    }
+
+    /// A free entry for a new peer, evicting one when the table is full
+    /// (see the module docs, "Peers: removal and eviction"): `Full` when
+    /// every peer has a READ in flight.
+    pub(super) fn claim_entry(&mut self) -> Result<usize, FabricError> {
+        if let Some(i) = self.peers.free_entry() {
+            return Ok(i);
+        }
+        let in_flight = self
+            .reads
+            .iter()
+            .filter(|r| r.id != 0 && r.failed.is_none())
+            .map(|r| r.peer as usize);
+        let victim = self.peers.victim(in_flight).ok_or(FabricError::Full)?;
+        self.release_peer(victim);
+        self.stats.peers_evicted += 1;
+        debug_assert_eq!(self.peers.free_entry(), Some(victim));
+        Ok(victim)
+    }
+
+    /// Forgets the peer in entry `i`: its READs in flight end
+    /// `Failed(Cancelled)`, its prepared requests are released, its
+    /// metadata is invalidated in NIXL (unless another peer entry loaded the
+    /// same agent), and its id is retired.
+    pub(super) fn release_peer(&mut self, i: usize) {
+        // Every READ not yet reported, even one NIXL completed already:
+        // whoever removes a peer gets no result from it afterwards.
+        self.forget_peer_requests(i, FabricError::Cancelled, true);
+        if let Some(peer) = self.peers.take(i) {
+            if let Some(name) = peer.name {
+                self.invalidate_unshared(&name);
+            }
+            // A pending handshake's thread finds its receiver gone.
+        }
+    }
+
+    /// Drops `name`'s metadata from the agent, unless a peer entry still
+    /// uses it (two addresses of one remote, or a handshake and an
+    /// `add_peer` of the same agent).
+    pub(super) fn invalidate_unshared(&self, name: &str) {
+        if !self
+            .peers
+            .iter()
+            .any(|(_, p)| p.name.as_deref() == Some(name))
+        {
+            let _ = self.agent.invalidate_remote_md(name);
         }
     }
 
     /// Turns a handshake answer into a connected peer (engine thread: this is
     /// where NIXL is touched).
     pub(super) fn complete_handshake(&mut self, i: usize, reply: Reply) -> HandshakeState {
-        self.forget_peer_requests(i, FabricError::PeerUnreachable);
-        if let Some(old) = self.peers[i].name.take() {
+        self.forget_peer_requests(i, FabricError::PeerUnreachable, false);
+        if let Some(old) = self.peers.get_mut(i).and_then(|p| p.name.take()) {
             // Re-handshake: drop the old incarnation's metadata first.
-            let _ = self.agent.invalidate_remote_md(&old);
+            self.invalidate_unshared(&old);
         }
         let agent = &self.agent;
         let loaded = catch_unwind(AssertUnwindSafe(|| agent.load_remote_md(&reply.md)));
@@ -256,18 +344,21 @@ impl NixlFabric {
             Ok(Err(e)) => Err(backend(e)),
             Ok(Ok(name)) if name != reply.name => {
                 // The metadata names another agent than the advertisement.
-                let _ = self.agent.invalidate_remote_md(&name);
+                self.invalidate_unshared(&name);
                 Err(FabricError::PeerUnreachable)
             }
             Ok(Ok(name)) => match self.agent.make_connection(&name, None) {
                 Ok(()) => Ok(name),
                 Err(e) => {
-                    let _ = self.agent.invalidate_remote_md(&name);
+                    self.invalidate_unshared(&name);
                     Err(backend(e))
                 }
             },
         };
-        let peer = &mut self.peers[i];
+        let Some(peer) = self.peers.get_mut(i) else {
+            // Not reached: callers hold a live entry.
+            return HandshakeState::Failed(FabricError::UnknownAgent);
+        };
         peer.state = match result {
             Ok(name) => {
                 peer.name = Some(name);
@@ -288,12 +379,13 @@ impl NixlFabric {
     }
 
     /// Releases every cached request of peer `i`; READs in flight to it fail
-    /// with `err` at their next `read_state`.
-    pub(super) fn forget_peer_requests(&mut self, i: usize, err: FabricError) {
+    /// with `err` at their next `read_state` (with `also_done`, so do READs
+    /// NIXL completed that were not reported yet).
+    pub(super) fn forget_peer_requests(&mut self, i: usize, err: FabricError, also_done: bool) {
         let peer = i as u32;
         for r in self.reads.iter_mut() {
             if r.id != 0 && r.peer == peer {
-                if !r.done && r.failed.is_none() {
+                if (also_done || !r.done) && r.failed.is_none() {
                     r.failed = Some(err);
                 }
                 // Its request is released below; the cache slot may be
@@ -308,8 +400,12 @@ impl NixlFabric {
         }
     }
 
-    /// Marks peer `i` failed after a READ error or timeout.
-    pub(super) fn fail_peer(&mut self, i: usize, err: FabricError) {
+    /// Marks peer `agent` failed after a READ error or timeout (a no-op
+    /// when it was removed or evicted since).
+    pub(super) fn fail_peer(&mut self, agent: AgentId, err: FabricError) {
+        let Some(i) = self.peers.index(agent) else {
+            return;
+        };
         if let Some(p) = self.peers.get_mut(i) {
             if matches!(p.state, PeerState::Ready { .. }) {
                 p.state = PeerState::Failed(err);

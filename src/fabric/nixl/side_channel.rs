@@ -1,68 +1,179 @@
-//! kvlease's own handshake side channel: the listener thread that answers
-//! with our NIXL metadata and advert, the client exchange, and the bounded
-//! parser of the answer (see the module docs of [`crate::fabric::nixl`],
-//! "Handshake: our own side channel").
+//! kvlease's own handshake side channel: the listener thread and the
+//! client threads that answer with our NIXL metadata and advert (each
+//! client bounded by a deadline, their number by the configuration), the
+//! client exchange, and the bounded parser of the answer (see the module
+//! docs of [`crate::fabric::nixl`], "Handshake: our own side channel" and
+//! "Failure model"). It never touches the NIXL agent.
 
 use super::*;
+
+/// The listener's counters, shared between its threads and the fabric.
+#[derive(Default)]
+pub(super) struct ClientCounters {
+    /// Client threads running now.
+    active: AtomicU32,
+    answered: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl ClientCounters {
+    /// (answered, refused) so far.
+    pub(super) fn snapshot(&self) -> (u64, u64) {
+        (
+            self.answered.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+        )
+    }
+}
 
 pub(super) fn start_listener(
     addr: SocketAddr,
     advert: Arc<Mutex<Arc<Vec<u8>>>>,
     clock: MonotonicClock,
+    max_clients: usize,
 ) -> Result<Listener, NixlInitError> {
     let socket = TcpListener::bind(addr).map_err(|e| NixlInitError::Listen(e.kind()))?;
     let bound = socket
         .local_addr()
         .map_err(|e| NixlInitError::Listen(e.kind()))?;
     let stop = Arc::new(AtomicU32::new(0));
+    let counters = Arc::new(ClientCounters::default());
     let stop_thread = stop.clone();
+    let counters_thread = counters.clone();
+    let max_clients = u32::try_from(max_clients).unwrap_or(u32::MAX);
     let thread = std::thread::Builder::new()
         .name("kvlease-nixl-listen".into())
-        .spawn(move || serve(socket, stop_thread, advert, clock))
+        .spawn(move || {
+            serve(
+                socket,
+                stop_thread,
+                advert,
+                clock,
+                counters_thread,
+                max_clients,
+            )
+        })
         .map_err(|e| NixlInitError::Listen(e.kind()))?;
     Ok(Listener {
         addr: bound,
         stop,
         thread: Some(thread),
+        counters,
     })
 }
 
+/// The accept loop: each client gets a thread of its own and
+/// [`LISTENER_CLIENT_DEADLINE`] for its whole exchange, so a client that
+/// stalls delays nobody else. At most `max_clients` are served at once; a
+/// client beyond them is disconnected at once rather than queued behind
+/// stalled ones.
 pub(super) fn serve(
     socket: TcpListener,
     stop: Arc<AtomicU32>,
     advert: Arc<Mutex<Arc<Vec<u8>>>>,
     clock: MonotonicClock,
+    counters: Arc<ClientCounters>,
+    max_clients: u32,
 ) {
     loop {
         let conn = socket.accept();
         if stop.load(Ordering::SeqCst) != 0 {
             return;
         }
-        match conn {
-            // A misbehaving client costs at most the I/O timeouts.
-            Ok((stream, _)) => {
-                let _ = answer(stream, &advert, clock);
-            }
+        let stream = match conn {
+            Ok((stream, _)) => stream,
             // E.g. out of file descriptors: do not spin.
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        // Only this thread increments, so check-then-add cannot overshoot.
+        if counters.active.load(Ordering::Acquire) >= max_clients {
+            counters.refused.fetch_add(1, Ordering::Relaxed);
+            drop(stream);
+            continue;
+        }
+        counters.active.fetch_add(1, Ordering::AcqRel);
+        let advert = advert.clone();
+        let client_counters = counters.clone();
+        let spawned = std::thread::Builder::new()
+            .name("kvlease-nixl-client".into())
+            .stack_size(CLIENT_THREAD_STACK)
+            .spawn(move || {
+                let deadline = std::time::Instant::now() + LISTENER_CLIENT_DEADLINE;
+                if answer(stream, &advert, clock, deadline).is_ok() {
+                    client_counters.answered.fetch_add(1, Ordering::Relaxed);
+                }
+                client_counters.active.fetch_sub(1, Ordering::AcqRel);
+            });
+        if spawned.is_err() {
+            // The closure (and the stream) was dropped: the client sees a
+            // closed connection and retries.
+            counters.active.fetch_sub(1, Ordering::AcqRel);
+            counters.refused.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// Time left until `deadline`, as a socket timeout; `TimedOut` when none.
+fn left(deadline: std::time::Instant) -> io::Result<Duration> {
+    deadline
+        .checked_duration_since(std::time::Instant::now())
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| io::ErrorKind::TimedOut.into())
+}
+
+/// `read_exact` that gives up at `deadline` however the bytes trickle in
+/// (a socket timeout alone bounds each read, not their sum).
+fn read_until(
+    stream: &mut TcpStream,
+    mut buf: &mut [u8],
+    deadline: std::time::Instant,
+) -> io::Result<()> {
+    while !buf.is_empty() {
+        stream.set_read_timeout(Some(left(deadline)?))?;
+        match stream.read(buf) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf = &mut buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// `write_all` that gives up at `deadline`.
+fn write_until(
+    stream: &mut TcpStream,
+    mut buf: &[u8],
+    deadline: std::time::Instant,
+) -> io::Result<()> {
+    while !buf.is_empty() {
+        stream.set_write_timeout(Some(left(deadline)?))?;
+        match stream.write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 pub(super) fn answer(
     mut stream: TcpStream,
     advert: &Mutex<Arc<Vec<u8>>>,
     clock: MonotonicClock,
+    deadline: std::time::Instant,
 ) -> io::Result<()> {
     stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(LISTENER_IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(LISTENER_IO_TIMEOUT))?;
     let mut req = [0u8; REQUEST_LEN];
-    stream.read_exact(&mut req)?;
+    read_until(&mut stream, &mut req, deadline)?;
     if u32::from_le_bytes([req[0], req[1], req[2], req[3]]) != MAGIC
         || u16::from_le_bytes([req[4], req[5]]) != VERSION
     {
-        return Ok(());
+        return Err(io::ErrorKind::InvalidData.into());
     }
     let body = advert.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let body_len = u32::try_from(body.len()).map_err(|_| io::ErrorKind::InvalidData)?;
@@ -71,8 +182,8 @@ pub(super) fn answer(
     header[4..6].copy_from_slice(&VERSION.to_le_bytes());
     header[8..16].copy_from_slice(&clock.now().as_nanos().to_le_bytes());
     header[16..20].copy_from_slice(&body_len.to_le_bytes());
-    stream.write_all(&header)?;
-    stream.write_all(&body)?;
+    write_until(&mut stream, &header, deadline)?;
+    write_until(&mut stream, &body, deadline)?;
     stream.flush()
 }
 

@@ -315,6 +315,7 @@ impl<E: EngineAgent> DWorker<E> {
             metadata: &hello.metadata,
             advert: Some(advert),
             clock: None,
+            regions: &[],
         };
         let id = self
             .sender
