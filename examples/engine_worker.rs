@@ -156,7 +156,7 @@ mod worker {
             // (nixl-sys's take_notifs fails on them, and leaves them queued).
             drain_raw_notifications(&agent, &mut map, &mut |from, m| {
                 let text = String::from_utf8_lossy(m);
-                match rank.on_notification(m, now) {
+                match rank.on_notification("d0", m, now) {
                     Ok(s) => println!(
                         "P: kvlease's {:?} from {from}: renewed {}",
                         text.get(..4).unwrap_or(&text),

@@ -358,7 +358,7 @@ fn a_send_that_loses_the_connection_goes_back_through_the_handshake() {
 #[test]
 fn a_peer_the_fabric_forgot_is_handshaken_again_without_backoff() {
     let cfg = lease_config();
-    let mut t = HeartbeatTracker::new(&cfg);
+    let mut t = HeartbeatTracker::new(&cfg, 1).expect("tracker");
     t.on_new_request("d1", &params("eng", "p1", 1), T0).unwrap();
     let mut s = sender(fabric(), 1, 0);
     let handle = t.engine_of("d1").unwrap().handle();

@@ -145,7 +145,7 @@ fn d_child() {
             Some(Ok(ClockMessage::Ping { token })) => pongs.push(token),
             Some(_) => {}
             None => {
-                let _ = rank.on_notification(msg, now);
+                let _ = rank.on_notification("d0", msg, now);
             }
         })
         .unwrap();
