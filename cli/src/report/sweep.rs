@@ -2,7 +2,8 @@
 //!
 //! Owns the sweep's summary: for each value, under lease renewal with
 //! verification, how long a crashed decoder's blocks stay dead (reclaim
-//! time and dead-block-seconds in decode-crash) against how many leases
+//! time and dead-block-seconds in decode-crash, or in a trace replay with a
+//! decode-crash laid over it) against how many leases
 //! lapse on decoders that are alive (premature frees, summed over the
 //! other scenarios, and what they cost: recomputed prefills). The fixed
 //! timeouts do not depend on lease settings; their rows are the same
@@ -49,9 +50,11 @@ pub fn render(report: &Report) -> String {
                 .find(|p| p.policy == "lease+verify")
                 .cloned()
         };
+        // The crash: the decode-crash scenario, or a replay (with or
+        // without a decode-crash laid over it: "-" when nothing was orphaned).
         let crash = runs
             .iter()
-            .find(|r| r.scenario == Scenario::DecodeCrash)
+            .find(|r| matches!(r.scenario, Scenario::DecodeCrash | Scenario::Trace))
             .and_then(lease);
         let all: Vec<_> = runs.iter().filter_map(lease).collect();
         let Some(first) = runs.first() else {
@@ -66,10 +69,12 @@ pub fn render(report: &Report) -> String {
             format!("{}", first.lease.extension_s),
             crash
                 .as_ref()
+                .filter(|c| c.orphaned > 0)
                 .map(|c| c.reclaim_s.map_or(">run".into(), |x| format!("{x:.1} s")))
                 .unwrap_or_else(|| "-".into()),
             crash
                 .as_ref()
+                .filter(|c| c.orphaned > 0)
                 .map(|c| format!("{:.0}", c.dead_block_seconds))
                 .unwrap_or_else(|| "-".into()),
             sum(|p| p.premature_frees),

@@ -347,6 +347,10 @@ impl DecodeEngine {
             };
             self.waiting.pop_front();
             busy += 1;
+            if let Some(arrived) = req.d_arrived {
+                m.d_waits_s
+                    .push(now.saturating_duration_since(arrived).as_secs_f64());
+            }
             if !req.leased {
                 // No KV to pull (P could not lease it): D prefills it.
                 self.loading.remove(&serial);
