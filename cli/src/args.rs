@@ -444,7 +444,11 @@ impl SimArgs {
             ),
             None => {
                 let p = self.prompt_tokens + self.prompt_tokens / 2;
-                (p, p + self.output_tokens + self.output_tokens / 2, "the largest")
+                (
+                    p,
+                    p + self.output_tokens + self.output_tokens / 2,
+                    "the largest",
+                )
             }
         };
         let need_p = model.blocks_for(biggest_prompt);
@@ -566,7 +570,9 @@ impl SimArgs {
     fn trace_input(&self, path: &std::path::Path) -> Result<TraceInput, String> {
         let speed = self.speed.unwrap_or(1.0);
         if !(speed.is_finite() && speed > 0.0 && speed <= 1000.0) {
-            return Err(format!("--speed must be above 0 and at most 1000, got {speed}"));
+            return Err(format!(
+                "--speed must be above 0 and at most 1000, got {speed}"
+            ));
         }
         let rate_scale = self.rate_scale.unwrap_or(1.0);
         if !(rate_scale.is_finite() && rate_scale > 0.0 && rate_scale <= 100.0) {
@@ -618,7 +624,9 @@ impl SimArgs {
     ) -> Result<Sizing, String> {
         let u = self.utilisation.unwrap_or(0.7);
         if !(u.is_finite() && u > 0.0 && u <= 1.0) {
-            return Err(format!("--utilisation must be above 0 and at most 1, got {u}"));
+            return Err(format!(
+                "--utilisation must be above 0 and at most 1, got {u}"
+            ));
         }
         let (p_engines, d_engines, p_busy, d_busy) = sizing::engines(&t.stats, model, u);
         let d_blocks = sizing::d_blocks(&t.arrivals, model, u);
@@ -749,7 +757,8 @@ fn check_fleet(fleet: &Fleet) -> Result<(), String> {
     if p_tp == 0 || d_tp == 0 || p_tp > 64 || d_tp > 64 {
         return Err("--p-tp and --d-tp must be 1..=64".into());
     }
-    let mapping = TpMapping::new(d_tp, p_tp).map_err(|e| format!("--p-tp {p_tp} / --d-tp {d_tp}: {e}"))?;
+    let mapping =
+        TpMapping::new(d_tp, p_tp).map_err(|e| format!("--p-tp {p_tp} / --d-tp {d_tp}: {e}"))?;
     if mapping.fan_out() > kvlease::consumer::MAX_TARGETS as u32 {
         return Err(format!(
             "--p-tp {p_tp} / --d-tp {d_tp}: a D worker would read from {} P ranks; at most {} are supported",

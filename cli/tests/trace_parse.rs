@@ -95,9 +95,11 @@ fn csv_traces_read_azure_and_burstgpt_shapes() {
     assert_eq!(at, vec![0, 3_727_270, 60_000_000]);
     assert_eq!((t.requests[0].input, t.requests[0].output), (4808, 10));
     // BurstGPT: numeric seconds, columns with spaces, quoted fields.
-    let t = csv("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n\
+    let t = csv(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n\
          5,\"ChatGPT, 3.5\",472,18,490,Conversation log\n\
-         45.5,GPT-4,1087,0,1087,\"API \"\"log\"\"\"\n")
+         45.5,GPT-4,1087,0,1087,\"API \"\"log\"\"\"\n",
+    )
     .expect("BurstGPT shape");
     assert_eq!(t.requests.len(), 2);
     assert_eq!(t.requests[1].at, Duration::from_millis(40_500));
@@ -109,8 +111,12 @@ fn csv_traces_read_azure_and_burstgpt_shapes() {
         output: Some("out".into()),
         time_unit: TimeUnit::Ms,
     };
-    let t = parse(b"in,out,arrived_ms\n10,1,100\n20,2,350\n", Format::Csv, &cols)
-        .expect("named columns");
+    let t = parse(
+        b"in,out,arrived_ms\n10,1,100\n20,2,350\n",
+        Format::Csv,
+        &cols,
+    )
+    .expect("named columns");
     assert_eq!(t.requests[1].at, Duration::from_millis(250));
     assert_eq!(t.requests[1].input, 20);
 }
@@ -120,8 +126,14 @@ fn the_format_is_detected_from_the_name_or_the_first_character() {
     use std::path::Path;
     assert_eq!(Format::detect(Path::new("a.jsonl"), b"x"), Format::Mooncake);
     assert_eq!(Format::detect(Path::new("a.CSV"), b"{"), Format::Csv);
-    assert_eq!(Format::detect(Path::new("trace"), b"  \n{\"a\":1}"), Format::Mooncake);
-    assert_eq!(Format::detect(Path::new("trace"), b"TIMESTAMP,x"), Format::Csv);
+    assert_eq!(
+        Format::detect(Path::new("trace"), b"  \n{\"a\":1}"),
+        Format::Mooncake
+    );
+    assert_eq!(
+        Format::detect(Path::new("trace"), b"TIMESTAMP,x"),
+        Format::Csv
+    );
 }
 
 #[test]
@@ -146,27 +158,37 @@ fn a_truncated_line_is_refused_with_its_number() {
 
 #[test]
 fn wrong_types_name_the_field() {
-    let line = |body: &str| format!("{{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1}}\n{{{body}}}\n");
+    let line = |body: &str| {
+        format!("{{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1}}\n{{{body}}}\n")
+    };
     refused(
-        mooncake(&line(r#""timestamp": 1, "input_length": "100", "output_length": 1"#)),
+        mooncake(&line(
+            r#""timestamp": 1, "input_length": "100", "output_length": 1"#,
+        )),
         Some(2),
         Some("input_length"),
         "got the string \"100\"",
     );
     refused(
-        mooncake(&line(r#""timestamp": null, "input_length": 100, "output_length": 1"#)),
+        mooncake(&line(
+            r#""timestamp": null, "input_length": 100, "output_length": 1"#,
+        )),
         Some(2),
         Some("timestamp"),
         "got null",
     );
     refused(
-        mooncake(&line(r#""timestamp": 1, "input_length": 100, "output_length": [3]"#)),
+        mooncake(&line(
+            r#""timestamp": 1, "input_length": 100, "output_length": [3]"#,
+        )),
         Some(2),
         Some("output_length"),
         "got an array",
     );
     refused(
-        mooncake(&line(r#""timestamp": 1, "input_length": 100.5, "output_length": 3"#)),
+        mooncake(&line(
+            r#""timestamp": 1, "input_length": 100.5, "output_length": 3"#,
+        )),
         Some(2),
         Some("input_length"),
         "not a whole number",
@@ -180,7 +202,9 @@ fn wrong_types_name_the_field() {
         "element 1",
     );
     refused(
-        mooncake(&line(r#""timestamp": 1, "input_length": 100, "output_length": 3, "hash_ids": 7"#)),
+        mooncake(&line(
+            r#""timestamp": 1, "input_length": 100, "output_length": 3, "hash_ids": 7"#,
+        )),
         Some(2),
         Some("hash_ids"),
         "expected an array",
@@ -350,7 +374,11 @@ fn bad_csv_rows_name_the_line_and_the_column() {
         ..CsvColumns::default()
     };
     refused(
-        parse(b"time,input_tokens,output_tokens\n1,5,1\n", Format::Csv, &cols),
+        parse(
+            b"time,input_tokens,output_tokens\n1,5,1\n",
+            Format::Csv,
+            &cols,
+        ),
         Some(1),
         None,
         "--csv-timestamp",

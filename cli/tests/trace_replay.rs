@@ -167,11 +167,26 @@ fn block_counts_come_from_the_token_lengths() {
 #[test]
 fn speed_and_load_scale_reshape_the_replay() {
     let base = sim(&[
-        "--trace", CONVERSATION, "--from", "10m", "--to", "14m", "--policy", "fixed-480",
+        "--trace",
+        CONVERSATION,
+        "--from",
+        "10m",
+        "--to",
+        "14m",
+        "--policy",
+        "fixed-480",
     ]);
     let fast = sim(&[
-        "--trace", CONVERSATION, "--from", "10m", "--to", "14m", "--policy", "fixed-480",
-        "--speed", "2",
+        "--trace",
+        CONVERSATION,
+        "--from",
+        "10m",
+        "--to",
+        "14m",
+        "--policy",
+        "fixed-480",
+        "--speed",
+        "2",
     ]);
     let double = sim(&[
         "--trace",
@@ -196,7 +211,10 @@ fn speed_and_load_scale_reshape_the_replay() {
     assert!(d.stats.span_s <= b.stats.span_s + 1.0);
     for out in [&base, &fast, &double] {
         let r = run(&out.report, "trace", "fixed-480");
-        assert_eq!(r.arrived, out.report.trace.as_ref().map_or(0, |t| t.stats.requests));
+        assert_eq!(
+            r.arrived,
+            out.report.trace.as_ref().map_or(0, |t| t.stats.requests)
+        );
     }
 }
 
@@ -344,8 +362,16 @@ fn a_sweep_on_a_trace_gives_its_trade_off_curve() {
             .unwrap_or_else(|| panic!("no row {v}: {}", out.stdout))
             .to_string()
     };
-    assert!(row("10").split_whitespace().nth(1) == Some("1"), "{}", row("10"));
-    assert!(row("60").split_whitespace().nth(1) == Some("10"), "{}", row("60"));
+    assert!(
+        row("10").split_whitespace().nth(1) == Some("1"),
+        "{}",
+        row("10")
+    );
+    assert!(
+        row("60").split_whitespace().nth(1) == Some("10"),
+        "{}",
+        row("60")
+    );
 }
 
 #[test]
@@ -360,21 +386,42 @@ fn trace_flags_are_checked() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} succeeded");
         assert!(!err.contains("panicked"), "{err}");
-        assert!(err.contains(want), "{args:?}: {err:?} does not mention {want:?}");
+        assert!(
+            err.contains(want),
+            "{args:?}: {err:?} does not mention {want:?}"
+        );
     };
     let t = ["--trace", CONVERSATION];
     refused(&[&t[..], &["--speed", "0"]].concat(), "--speed");
     refused(&[&t[..], &["--rate-scale=-1"]].concat(), "--rate-scale");
-    refused(&[&t[..], &["--rate-scale", "1000"]].concat(), "--rate-scale");
-    refused(&[&t[..], &["--from", "30m", "--to", "10m"]].concat(), "--to");
+    refused(
+        &[&t[..], &["--rate-scale", "1000"]].concat(),
+        "--rate-scale",
+    );
+    refused(
+        &[&t[..], &["--from", "30m", "--to", "10m"]].concat(),
+        "--to",
+    );
     refused(&[&t[..], &["--from", "2h"]].concat(), "no request");
     refused(&[&t[..], &["--from", "soon"]].concat(), "not a time");
-    refused(&[&t[..], &["--fault", "decode-crash@2h"]].concat(), "outside the replayed window");
-    refused(&[&t[..], &["--fault", "meteor@5m"]].concat(), "unknown fault");
+    refused(
+        &[&t[..], &["--fault", "decode-crash@2h"]].concat(),
+        "outside the replayed window",
+    );
+    refused(
+        &[&t[..], &["--fault", "meteor@5m"]].concat(),
+        "unknown fault",
+    );
     refused(&[&t[..], &["--scenario", "happy"]].concat(), "--scenario");
     refused(&[&t[..], &["--rate", "3"]].concat(), "--rate");
-    refused(&[&t[..], &["--auto-size", "--engines", "2:2"]].concat(), "--engines");
-    refused(&[&t[..], &["--auto-size", "--utilisation", "1.5"]].concat(), "--utilisation");
+    refused(
+        &[&t[..], &["--auto-size", "--engines", "2:2"]].concat(),
+        "--engines",
+    );
+    refused(
+        &[&t[..], &["--auto-size", "--utilisation", "1.5"]].concat(),
+        "--utilisation",
+    );
     refused(&[&t[..], &["--p-blocks", "100"]].concat(), "--p-blocks");
     refused(&["--fault", "decode-crash@5m"], "--trace");
     refused(&["--speed", "2"], "--trace");

@@ -54,10 +54,14 @@ pub fn checks(report: &Report) -> Vec<Check> {
             .map(|t| t.faults.iter().map(|f| f.kind).collect())
             .unwrap_or_default();
         let trace = r.scenario == Scenario::Trace;
-        if r.scenario == Scenario::DecodeCrash || (trace && faults.contains(&FaultKind::DecodeCrash)) {
+        if r.scenario == Scenario::DecodeCrash
+            || (trace && faults.contains(&FaultKind::DecodeCrash))
+        {
             out.extend(crash_check(r, &at));
         }
-        if r.scenario == Scenario::HeartbeatLoss || (trace && faults.contains(&FaultKind::HeartbeatLoss)) {
+        if r.scenario == Scenario::HeartbeatLoss
+            || (trace && faults.contains(&FaultKind::HeartbeatLoss))
+        {
             out.extend(heartbeat_loss_check(r, &at));
         }
         if trace {
@@ -193,13 +197,19 @@ fn heartbeat_loss_check(r: &ScenarioReport, at: &str) -> Option<Check> {
         format!(
             "{name}{at}: with verification {} of {} stale reads failed the load, {} silent \
              corruptions; without it {} stale reads, {} silent corruptions",
-            v.stale_caught, v.stale_reads, v.silent_corruptions, n.stale_reads, n.silent_corruptions
+            v.stale_caught,
+            v.stale_reads,
+            v.silent_corruptions,
+            n.stale_reads,
+            n.silent_corruptions
         )
     };
     Some(Check {
         text,
         holds: (v.stale_reads > 0).then_some(
-            v.stale_caught == v.stale_reads && v.silent_corruptions == 0 && n.silent_corruptions > 0,
+            v.stale_caught == v.stale_reads
+                && v.silent_corruptions == 0
+                && n.silent_corruptions > 0,
         ),
     })
 }

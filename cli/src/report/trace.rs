@@ -6,7 +6,7 @@
 //! fleet) and the per-trace figures below it: peak P blocks held (fleet
 //! and one engine), dead-block-seconds after a crash, premature frees,
 //! stale reads caught and corrupt, how long requests waited in D's queue
-//! (what the trace file cannot say), and where every request ended up (done,
+//! (what the trace file cannot say), their latency, and where every request ended up (done,
 //! lost, in flight), per policy and sweep value. Every number comes from
 //! the report; none is computed here beyond formatting.
 
@@ -113,6 +113,7 @@ pub fn figures(report: &Report) -> String {
         "stale caught",
         "stale corrupt",
         "D wait p99/max",
+        "latency p50/p99",
         "done",
         "corrupt",
         "lost",
@@ -133,6 +134,10 @@ pub fn figures(report: &Report) -> String {
                 n(p.stale_caught),
                 n(p.silent_corruptions),
                 match (p.d_wait_p99_s, p.d_wait_max_s) {
+                    (Some(a), Some(b)) => format!("{a:.1} / {b:.1} s"),
+                    _ => "-".into(),
+                },
+                match (p.latency_p50_s, p.latency_p99_s) {
                     (Some(a), Some(b)) => format!("{a:.1} / {b:.1} s"),
                     _ => "-".into(),
                 },

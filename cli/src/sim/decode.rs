@@ -296,6 +296,8 @@ impl DecodeEngine {
             }
             if let Some(req) = ledger.get_mut(r.serial) {
                 req.d_state = DState::Done;
+                m.latencies_s
+                    .push(now.saturating_duration_since(req.arrived).as_secs_f64());
             }
             ledger.settle_if_done(r.serial);
         }

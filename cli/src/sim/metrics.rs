@@ -22,6 +22,8 @@
 //! - **D wait**: from a request's arrival in D's queue until D schedules
 //!   its load (or, unleased, its own prefill): how long P's blocks wait for
 //!   D in the best case; a lease must outlast it when heartbeats stop.
+//! - **latency**: from a request's arrival at the router until its last
+//!   token (completed requests only; a recomputed prefill is in it).
 //! - **goodput**: requests completed with their own KV, per second.
 //! - **lease CPU per step**: wall time of the kvlease calls in one engine
 //!   step (measured with `std::time::Instant`, the one clock the simulator
@@ -86,6 +88,8 @@ pub struct Metrics {
     pub held_series: Vec<u64>,
     /// Every D wait, seconds (see the module docs).
     pub d_waits_s: Vec<f64>,
+    /// Every completed request's latency, seconds (see the module docs).
+    pub latencies_s: Vec<f64>,
     /// Wall nanoseconds in kvlease calls on P engine steps.
     pub p_lease_ns: u64,
     /// P engine steps.
@@ -162,6 +166,10 @@ pub struct RunReport {
     pub d_wait_p99_s: Option<f64>,
     /// The longest D wait, seconds.
     pub d_wait_max_s: Option<f64>,
+    /// Median latency of completed requests, seconds.
+    pub latency_p50_s: Option<f64>,
+    /// 99th percentile latency of completed requests, seconds.
+    pub latency_p99_s: Option<f64>,
     /// Leases granted without a slot.
     pub granted_without_slot: u64,
     /// Heartbeat messages sent.
@@ -217,6 +225,8 @@ impl Metrics {
             recomputed: self.recomputed,
             d_wait_p99_s: quantile(&self.d_waits_s, 0.99).map(round),
             d_wait_max_s: quantile(&self.d_waits_s, 1.0).map(round),
+            latency_p50_s: quantile(&self.latencies_s, 0.5).map(round),
+            latency_p99_s: quantile(&self.latencies_s, 0.99).map(round),
             granted_without_slot: self.granted_without_slot,
             heartbeat_messages: self.heartbeat_messages,
             renewals: self.renewals,

@@ -466,12 +466,11 @@ pub fn run(spec: &RunSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<RunOutput,
         w.m.reclaim_renewed_s = None;
     }
     w.m.granted_without_slot = w.p.iter().map(PrefillEngine::granted_without_slot).sum();
-    w.m.peak_engine_blocks_held = w
-        .p
-        .iter()
-        .map(|e| u64::from(e.peak_blocks_used()))
-        .max()
-        .unwrap_or(0);
+    w.m.peak_engine_blocks_held =
+        w.p.iter()
+            .map(|e| u64::from(e.peak_blocks_used()))
+            .max()
+            .unwrap_or(0);
     w.m.renewals = w.p.iter().map(PrefillEngine::renewals).sum();
     w.m.heartbeat_messages = w.d.iter().map(DecodeEngine::heartbeat_messages).sum();
     Ok(RunOutput {

@@ -15,12 +15,7 @@
 
 use super::{clip, lines, seconds, token_count, Builder, CsvColumns, TraceError};
 
-const TIMESTAMP_NAMES: &[&str] = &[
-    "TIMESTAMP",
-    "time",
-    "arrival_time",
-    "arrival_timestamp",
-];
+const TIMESTAMP_NAMES: &[&str] = &["TIMESTAMP", "time", "arrival_time", "arrival_timestamp"];
 const INPUT_NAMES: &[&str] = &[
     "ContextTokens",
     "Request tokens",
@@ -75,7 +70,12 @@ pub(crate) fn parse(bytes: &[u8], cols: &CsvColumns, b: &mut Builder) -> Result<
             ),
         ))
     };
-    let (ti, t_name) = find(&cols.timestamp, TIMESTAMP_NAMES, "timestamp", "--csv-timestamp")?;
+    let (ti, t_name) = find(
+        &cols.timestamp,
+        TIMESTAMP_NAMES,
+        "timestamp",
+        "--csv-timestamp",
+    )?;
     let (ii, i_name) = find(&cols.input, INPUT_NAMES, "prompt-token", "--csv-input")?;
     let (oi, o_name) = find(&cols.output, OUTPUT_NAMES, "output-token", "--csv-output")?;
     let unit_s = cols.time_unit.seconds();
@@ -224,7 +224,9 @@ fn date_time(s: &str) -> Result<f64, String> {
     let frac = if frac.is_empty() {
         0.0
     } else if frac.len() <= 9 && frac.bytes().all(|b| b.is_ascii_digit()) {
-        format!("0.{frac}").parse::<f64>().map_err(|e| e.to_string())?
+        format!("0.{frac}")
+            .parse::<f64>()
+            .map_err(|e| e.to_string())?
     } else {
         return Err(format!("bad fraction of a second {frac:?}"));
     };
@@ -254,7 +256,9 @@ mod tests {
         assert_eq!(split("a,\"b,c\",d").unwrap(), vec!["a", "b,c", "d"]);
         assert_eq!(split("\"x\"\"y\",").unwrap(), vec!["x\"y", ""]);
         assert!(split("a,\"b").unwrap_err().contains("never closes"));
-        assert!(split("\"a\"b,c").unwrap_err().contains("after a closing quote"));
+        assert!(split("\"a\"b,c")
+            .unwrap_err()
+            .contains("after a closing quote"));
     }
 
     #[test]
@@ -263,7 +267,10 @@ mod tests {
         assert_eq!(date_time("1970-01-02T00:00:01Z").unwrap(), 86_401.0);
         // 2023-11-16 is day 19,677 since 1970 (a leap-day-crossing check).
         let t = date_time("2023-11-16 18:15:46.6805900").unwrap();
-        assert!((t - (19_677.0 * 86_400.0 + 65_746.68059)).abs() < 1e-4, "{t}");
+        assert!(
+            (t - (19_677.0 * 86_400.0 + 65_746.680_59)).abs() < 1e-4,
+            "{t}"
+        );
         assert_eq!(
             date_time("2024-03-01 00:00:00").unwrap() - date_time("2024-02-28 00:00:00").unwrap(),
             2.0 * 86_400.0

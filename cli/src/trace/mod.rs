@@ -191,13 +191,8 @@ pub struct TraceInfo {
 pub fn load(path: &Path, format: Option<Format>, csv: &CsvColumns) -> Result<Trace, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("--trace {}: {e}", path.display()))?;
     let format = format.unwrap_or_else(|| Format::detect(path, &bytes));
-    parse(&bytes, format, csv).map_err(|e| {
-        format!(
-            "--trace {} ({} format): {e}",
-            path.display(),
-            format.name()
-        )
-    })
+    parse(&bytes, format, csv)
+        .map_err(|e| format!("--trace {} ({} format): {e}", path.display(), format.name()))
 }
 
 /// Parses the bytes of a trace file.
@@ -367,7 +362,11 @@ pub(crate) fn token_count(
     min: u32,
 ) -> Result<u32, TraceError> {
     if !x.is_finite() {
-        return Err(TraceError::field(line, field, format!("{text} is not a token count")));
+        return Err(TraceError::field(
+            line,
+            field,
+            format!("{text} is not a token count"),
+        ));
     }
     if x < 0.0 {
         return Err(TraceError::field(

@@ -69,7 +69,9 @@ impl GpuModel {
     /// `block_tokens`; `None` if even 8 does not.
     pub fn tp_for(&self, blocks: u32, block_tokens: u32) -> Option<u32> {
         let tokens = u64::from(blocks) * u64::from(block_tokens);
-        [1, 2, 4, 8].into_iter().find(|&tp| self.kv_tokens(tp) >= tokens)
+        [1, 2, 4, 8]
+            .into_iter()
+            .find(|&tp| self.kv_tokens(tp) >= tokens)
     }
 }
 
@@ -166,8 +168,8 @@ pub fn engines(stats: &TraceStats, model: &EngineModel, utilisation: f64) -> (u3
 /// D blocks per engine (see the module docs).
 pub fn d_blocks(arrivals: &[Arrival], model: &EngineModel, utilisation: f64) -> u32 {
     let blocks = |a: &Arrival| model.blocks_for(a.prompt.saturating_add(a.output));
-    let mean = arrivals.iter().map(|a| f64::from(blocks(a))).sum::<f64>()
-        / arrivals.len().max(1) as f64;
+    let mean =
+        arrivals.iter().map(|a| f64::from(blocks(a))).sum::<f64>() / arrivals.len().max(1) as f64;
     let largest = arrivals.iter().map(blocks).max().unwrap_or(1);
     let full = ceil(f64::from(model.d_max_seqs) * mean / utilisation) as u32;
     full.max(largest)
