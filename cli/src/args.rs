@@ -604,6 +604,13 @@ impl SimArgs {
             rate_scale,
         };
         let arrivals = window::arrivals(&trace, &window, self.seed)?;
+        let last = arrivals.last().map_or(Duration::ZERO, |a| a.at);
+        if last > crate::trace::MAX_SPAN {
+            return Err(format!(
+                "--speed {speed}: the replay would last {:.0} s of run time, more than 10 days",
+                last.as_secs_f64()
+            ));
+        }
         let stats = TraceStats::of(&arrivals, window.requests(&trace), trace.has_prefixes);
         Ok(TraceInput {
             path: path.to_path_buf(),

@@ -66,9 +66,19 @@ pub fn render(report: &Report) -> Result<String, String> {
                 .unwrap_or(0)
                 .max(1);
             let b = bucket(secs);
-            let title = match &r.sweep_value {
-                Some(v) => format!("{} (sweep value {v})", r.scenario.name()),
+            // A replay's panel is named after its file.
+            let name = match &report.trace {
+                Some(t) => {
+                    let file = std::path::Path::new(&t.file)
+                        .file_name()
+                        .map_or(t.file.clone(), |f| f.to_string_lossy().into_owned());
+                    format!("trace {file}")
+                }
                 None => r.scenario.name().to_string(),
+            };
+            let title = match &r.sweep_value {
+                Some(v) => format!("{name} (sweep value {v})"),
+                None => name,
             };
             let mut chart = ChartBuilder::on(area)
                 .caption(title, ("sans-serif", 18))
