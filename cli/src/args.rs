@@ -253,12 +253,13 @@ pub struct SimArgs {
     #[arg(long, value_name = "K", requires = "trace")]
     pub rate_scale: Option<f64>,
 
-    /// A fault laid over the trace, KIND@WHEN[+LENGTH] (repeatable): KIND is
-    /// decode-crash, heartbeat-loss (default 90 s), midread-lapse (60 s),
-    /// rank-divergence (140 s), or slot-exhaustion (no time: the whole
-    /// replay); WHEN a trace time (20m, 1200) or `busiest` (the middle of
-    /// the busiest minute); LENGTH in seconds (+90, +2m).
-    #[arg(long, value_name = "KIND@WHEN[+LENGTH]", value_parser = parse_fault, requires = "trace")]
+    /// A fault laid over the trace, KIND@WHEN[+LENGTH][/ENGINE] (repeatable):
+    /// KIND is decode-crash, heartbeat-loss (default 90 s), midread-lapse
+    /// (60 s), rank-divergence (140 s), or slot-exhaustion (no time: the
+    /// whole replay); WHEN a trace time (20m, 1200) or `busiest` (the middle
+    /// of the busiest minute); LENGTH in seconds (+90, +2m); ENGINE d1 (a D
+    /// engine; p1 for rank-divergence), engine 0 by default.
+    #[arg(long, value_name = "KIND@WHEN[+LENGTH][/ENGINE]", value_parser = parse_fault, requires = "trace")]
     pub fault: Vec<FaultSpec>,
 
     /// Keep simulating this long after the last arrival (or fault) for

@@ -94,6 +94,8 @@ pub struct Metrics {
     pub p_lease_ns: u64,
     /// P engine steps.
     pub p_steps: u64,
+    /// The longest P step (a P engine sees an expiry at its next step).
+    pub longest_p_step: std::time::Duration,
     /// Wall nanoseconds in kvlease calls on D engine steps.
     pub d_lease_ns: u64,
     /// D engine steps.
@@ -166,6 +168,9 @@ pub struct RunReport {
     pub d_wait_p99_s: Option<f64>,
     /// The longest D wait, seconds.
     pub d_wait_max_s: Option<f64>,
+    /// The longest P engine step, seconds: an expiry is noticed at the end
+    /// of the step it falls in, so reclaim bounds carry this much slack.
+    pub longest_p_step_s: f64,
     /// Median latency of completed requests, seconds.
     pub latency_p50_s: Option<f64>,
     /// 99th percentile latency of completed requests, seconds.
@@ -225,6 +230,7 @@ impl Metrics {
             recomputed: self.recomputed,
             d_wait_p99_s: quantile(&self.d_waits_s, 0.99).map(round),
             d_wait_max_s: quantile(&self.d_waits_s, 1.0).map(round),
+            longest_p_step_s: round(self.longest_p_step.as_secs_f64()),
             latency_p50_s: quantile(&self.latencies_s, 0.5).map(round),
             latency_p99_s: quantile(&self.latencies_s, 0.99).map(round),
             granted_without_slot: self.granted_without_slot,

@@ -379,6 +379,7 @@ pub fn run(spec: &RunSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<RunOutput,
                     continue;
                 }
                 let out = w.p[i as usize].step(now, &mut w.ledger, &mut w.m, &w.model)?;
+                w.m.longest_p_step = w.m.longest_p_step.max(out.duration);
                 for serial in out.done {
                     let at = now + w.model.proxy_latency;
                     w.at(at, Ev::Deliver(serial));

@@ -1,18 +1,19 @@
-//! Faults laid over a trace replay (`--fault KIND@WHEN[+LENGTH]`).
+//! Faults laid over a trace replay (`--fault KIND@WHEN[+LENGTH][/ENGINE]`).
 //!
 //! This module owns the overlay syntax and turning it into the run's
-//! timeline ([`ScenarioPlan`]): the same faults the scenarios use, on the
-//! same engines (D engine 0; P engine 0's last rank), at trace times the
-//! operator picks. WHEN is a trace time (`1200`, `20m`, `36m30s`) or
-//! `busiest`: the middle of the replay's busiest minute. LENGTH is in run
-//! seconds (a 90 s heartbeat loss lasts 90 s whatever `--speed` is).
+//! timeline ([`ScenarioPlan`]): the same faults the scenarios use, at trace
+//! times the operator picks. WHEN is a trace time (`1200`, `20m`, `36m30s`)
+//! or `busiest`: the middle of the replay's busiest minute. LENGTH is in run
+//! seconds (a 90 s heartbeat loss lasts 90 s whatever `--speed` is). ENGINE
+//! is `dN` (a D engine) or, for rank-divergence, `pN` (a P engine; its last
+//! rank goes deaf); by default engine 0, as in the scenarios.
 //!
 //! | kind | what happens | default length |
 //! |---|---|---|
-//! | `decode-crash` | D engine 0 dies | (none: it stays down) |
-//! | `heartbeat-loss` | D engine 0's notifications to P are lost | 90 s |
-//! | `midread-lapse` | D engine 0's READs take +45 s and its notifications are lost | 60 s |
-//! | `rank-divergence` | P engine 0's last rank hears no notification | 140 s |
+//! | `decode-crash` | D engine N dies | (none: it stays down) |
+//! | `heartbeat-loss` | D engine N's notifications to P are lost | 90 s |
+//! | `midread-lapse` | D engine N's READs take +45 s and its notifications are lost | 60 s |
+//! | `rank-divergence` | P engine N's last rank hears no notification | 140 s |
 //! | `slot-exhaustion` | `kv_lease_slots` = 64 per P worker (the whole replay: slots are sized when an engine starts) | - |
 
 use std::fmt::Write;
@@ -95,9 +96,11 @@ pub struct FaultSpec {
     pub when: Option<When>,
     /// How long (`None`: the kind's default).
     pub length: Option<Duration>,
+    /// The engine: a D engine, or a P engine for rank-divergence.
+    pub engine: u32,
 }
 
-/// Parses `KIND@WHEN[+LENGTH]` (or `slot-exhaustion`).
+/// Parses `KIND@WHEN[+LENGTH][/ENGINE]` (or `slot-exhaustion`).
 pub fn parse_fault(s: &str) -> Result<FaultSpec, String> {
     let (kind_s, rest) = match s.split_once('@') {
         Some((k, r)) => (k.trim(), Some(r)),
@@ -118,6 +121,7 @@ pub fn parse_fault(s: &str) -> Result<FaultSpec, String> {
                 kind,
                 when: None,
                 length: None,
+                engine: 0,
             }),
             Some(_) => Err(
                 "slot-exhaustion takes no time: lease slots are sized when an engine starts, \
@@ -129,6 +133,22 @@ pub fn parse_fault(s: &str) -> Result<FaultSpec, String> {
     let rest = rest.ok_or_else(|| {
         format!("{kind_s}: when? e.g. {kind_s}@busiest or {kind_s}@20m (trace time)")
     })?;
+    let (rest, engine) = match rest.rsplit_once('/') {
+        None => (rest, 0),
+        Some((r, e)) => {
+            let side = if kind == FaultKind::RankDivergence {
+                'p'
+            } else {
+                'd'
+            };
+            let n = e
+                .trim()
+                .strip_prefix(side)
+                .and_then(|n| n.parse::<u32>().ok())
+                .ok_or_else(|| format!("{kind_s}: engine {e:?} is not {side}N (e.g. /{side}1)"))?;
+            (r, n)
+        }
+    };
     let (when_s, len_s) = match rest.split_once('+') {
         Some((w, l)) => (w, Some(l)),
         None => (rest, None),
@@ -154,6 +174,7 @@ pub fn parse_fault(s: &str) -> Result<FaultSpec, String> {
         kind,
         when: Some(when),
         length,
+        engine,
     })
 }
 
@@ -166,6 +187,8 @@ pub struct PlacedFault {
     pub from_s: f64,
     /// Until, run seconds (`None`: for good).
     pub until_s: Option<f64>,
+    /// The engine (D, or P for rank-divergence).
+    pub engine: u32,
 }
 
 /// The run's timeline: `faults` placed on the replay `w` of traffic
@@ -209,7 +232,16 @@ pub fn plan(
             (Some(a), Some(l)) => Some(a + l),
             _ => None,
         };
-        let d = 0;
+        let (d, engines, side) = match f.kind {
+            FaultKind::RankDivergence => (f.engine, fleet.p_engines, "P"),
+            _ => (f.engine, fleet.d_engines, "D"),
+        };
+        if f.kind != FaultKind::SlotExhaustion && d >= engines {
+            return Err(format!(
+                "--fault {}: {side} engine {d} does not exist (the fleet has {engines})",
+                f.kind.name()
+            ));
+        }
         match (f.kind, at, until) {
             (FaultKind::SlotExhaustion, _, _) => plan.lease_slots = Some(EXHAUSTED_SLOTS),
             (FaultKind::DecodeCrash, Some(a), _) => plan.faults.push((a, Fault::CrashDecode { d })),
@@ -237,7 +269,7 @@ pub fn plan(
                 plan.faults.push((
                     a,
                     Fault::RankDeaf {
-                        p: 0,
+                        p: d,
                         rank: last_rank,
                         deaf: true,
                     },
@@ -245,7 +277,7 @@ pub fn plan(
                 plan.faults.push((
                     u,
                     Fault::RankDeaf {
-                        p: 0,
+                        p: d,
                         rank: last_rank,
                         deaf: false,
                     },
@@ -260,6 +292,7 @@ pub fn plan(
             kind: f.kind,
             from_s: at.map_or(0.0, |a| a.as_secs_f64()),
             until_s: until.map(|u| u.as_secs_f64()),
+            engine: f.engine,
         });
     }
     // Faults in time order (stable: a window's start before its end).
@@ -277,30 +310,31 @@ fn describe(placed: &[PlacedFault], stats: &TraceStats, last_rank: u32) -> Strin
     for p in placed {
         let mut s = String::new();
         let until = p.until_s.unwrap_or(p.from_s);
+        let e = p.engine;
         let _ = match p.kind {
             FaultKind::DecodeCrash => {
                 let busiest = (p.from_s - stats.busiest_minute_s - 30.0).abs() < 1e-6;
                 write!(
                     s,
-                    "D 0 crashes at {:.0} s{}",
+                    "D {e} crashes at {:.0} s{}",
                     p.from_s,
                     if busiest { " (the busiest minute)" } else { "" }
                 )
             }
             FaultKind::HeartbeatLoss => write!(
                 s,
-                "D 0's notifications to P lost {:.0}-{until:.0} s",
+                "D {e}'s notifications to P lost {:.0}-{until:.0} s",
                 p.from_s
             ),
             FaultKind::MidreadLapse => write!(
                 s,
-                "D 0's READs take +{} s and its notifications are lost {:.0}-{until:.0} s",
+                "D {e}'s READs take +{} s and its notifications are lost {:.0}-{until:.0} s",
                 MIDREAD_EXTRA.as_secs(),
                 p.from_s
             ),
             FaultKind::RankDivergence => write!(
                 s,
-                "P 0 rank {last_rank} hears no notification {:.0}-{until:.0} s",
+                "P {e} rank {last_rank} hears no notification {:.0}-{until:.0} s",
                 p.from_s
             ),
             FaultKind::SlotExhaustion => {
@@ -326,6 +360,9 @@ mod tests {
         assert_eq!(f.when, Some(When::Busiest));
         assert_eq!(f.length, None);
         assert!(parse_fault("slot-exhaustion").is_ok());
+        assert_eq!(parse_fault("heartbeat-loss@37m/d1").unwrap().engine, 1);
+        assert_eq!(parse_fault("rank-divergence@5m+60/p2").unwrap().engine, 2);
+        assert_eq!(parse_fault("decode-crash@5m").unwrap().engine, 0);
         for (bad, why) in [
             ("power-cut@5m", "unknown fault"),
             ("decode-crash", "when?"),
@@ -333,6 +370,8 @@ mod tests {
             ("slot-exhaustion@5m", "takes no time"),
             ("heartbeat-loss@soon", "not a time"),
             ("heartbeat-loss@5m+0", "above 0"),
+            ("heartbeat-loss@5m/p1", "not dN"),
+            ("rank-divergence@5m/d1", "not pN"),
         ] {
             let e = parse_fault(bad).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
