@@ -253,7 +253,7 @@ pub struct SimArgs {
     #[arg(long, value_name = "K", requires = "trace")]
     pub rate_scale: Option<f64>,
 
-    /// A fault laid over the trace, KIND@WHEN[+LENGTH][/ENGINE] (repeatable):
+    /// A fault laid over the trace, `KIND@WHEN[+LENGTH][/ENGINE]` (repeatable):
     /// KIND is decode-crash, heartbeat-loss (default 90 s), midread-lapse
     /// (60 s), rank-divergence (140 s), or slot-exhaustion (no time: the
     /// whole replay); WHEN a trace time (20m, 1200) or `busiest` (the middle

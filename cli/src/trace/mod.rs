@@ -3,9 +3,10 @@
 //! This module tree owns reading a trace file into a [`Trace`] (arrival
 //! times and token lengths, checked) and everything derived from the trace
 //! alone: the replay window, speed and load scale ([`window`]), its load
-//! figures ([`stats`]), the faults laid over it ([`overlay`]) and the fleet
-//! sized for it ([`sizing`]). It runs no simulation: [`crate::sim`] replays
-//! the arrivals it yields.
+//! figures ([`stats`]), the faults laid over it ([`overlay`]) and the rules
+//! that size a fleet for it ([`sizing`]). It runs no simulation:
+//! [`crate::sim`] replays the arrivals it yields, and [`crate::args`] runs
+//! `--auto-size`'s sizing replay.
 //!
 //! Two formats ([`Format`]):
 //!

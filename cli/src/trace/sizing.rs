@@ -1,7 +1,9 @@
 //! `--auto-size`: a fleet for a trace's peak load at a stated utilisation.
 //!
 //! This module owns the sizing rules; every figure they use is printed
-//! with the fleet they choose (see [`Sizing::explain`]).
+//! with the fleet they choose (see [`Sizing::explain`]). It runs nothing:
+//! the sizing replay that measures P's blocks is run by [`crate::args`]
+//! with these rules' inputs.
 //!
 //! - **P engines**: the peak 60 s of prompt tokens, at the model's prefill
 //!   cost (`p_step_per_token` per token, `p_step_base` per request, an upper

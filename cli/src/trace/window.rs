@@ -111,6 +111,7 @@ pub fn arrivals(trace: &Trace, w: &Window, seed: u64) -> Result<Vec<Arrival>, St
     }
     // Stable: equal times keep the trace's order.
     out.sort_by_key(|a| a.at);
+    debug_assert!(out.windows(2).all(|p| p[0].at <= p[1].at));
     if out.is_empty() {
         return Err(format!(
             "--rate-scale {}: no request of the window was kept",
