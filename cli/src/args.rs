@@ -3,10 +3,12 @@
 //! This module owns turning flags into a [`Settings`]: parsing `P:D`,
 //! `KEY=V1,V2`, the operator's `--kv-transfer-config` JSON (through the
 //! library's own parser, so the sim accepts exactly what an engine
-//! accepts), and refusing anything unusable with a message that names the
-//! flag. It runs nothing.
+//! accepts), reading a `--trace` and laying its `--fault`s over it, and
+//! refusing anything unusable with a message that names the flag. It runs
+//! nothing, except `--auto-size`'s sizing replay ([`crate::trace::sizing`]).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -16,7 +18,14 @@ use serde_json::{Map, Value};
 
 use crate::sim::model::{EngineModel, Fleet, Workload};
 use crate::sim::policy::Policy;
-use crate::sim::scenario::Scenario;
+use crate::sim::replay::{Arrival, TraceRun};
+use crate::sim::scenario::{Scenario, ScenarioPlan};
+use crate::sim::RunSpec;
+use crate::trace::overlay::{parse_fault, FaultSpec};
+use crate::trace::sizing::{self, GpuModel, Sizing};
+use crate::trace::stats::TraceStats;
+use crate::trace::window::{self, parse_time, Window};
+use crate::trace::{CsvColumns, Format, TimeUnit, TraceInfo};
 
 /// KV-cache leases for disaggregated prefill/decode serving.
 #[derive(Debug, Parser)]
@@ -186,6 +195,96 @@ pub struct SimArgs {
     /// Runs simulated in parallel (default: the machine's cores).
     #[arg(long)]
     pub jobs: Option<usize>,
+
+    /// Replay this request trace instead of Poisson arrivals: Mooncake's
+    /// JSONL (`timestamp` ms, `input_length`, `output_length`, `hash_ids`)
+    /// or a CSV with a header row (see --csv-timestamp). The four policies
+    /// run on the same replay; faults are laid over it with --fault.
+    /// data/traces/ has two Mooncake traces.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = ["scenario", "rate", "prompt_tokens", "output_tokens", "requests"]
+    )]
+    pub trace: Option<PathBuf>,
+
+    /// The trace's format [default: from the extension (.jsonl, .csv), else
+    /// from the first character].
+    #[arg(long, value_enum, requires = "trace")]
+    pub trace_format: Option<Format>,
+
+    /// CSV: the arrival-time column [default: TIMESTAMP, time, arrival_time
+    /// (the first the header has, any case)]. Numbers are in
+    /// --csv-time-unit; date-times (YYYY-MM-DD HH:MM:SS[.frac], UTC) are read
+    /// as such.
+    #[arg(long, value_name = "COLUMN", requires = "trace")]
+    pub csv_timestamp: Option<String>,
+
+    /// CSV: the prompt-token column [default: ContextTokens, "Request
+    /// tokens", input_length, input_tokens, prompt_tokens].
+    #[arg(long, value_name = "COLUMN", requires = "trace")]
+    pub csv_input: Option<String>,
+
+    /// CSV: the output-token column [default: GeneratedTokens, "Response
+    /// tokens", output_length, output_tokens, completion_tokens].
+    #[arg(long, value_name = "COLUMN", requires = "trace")]
+    pub csv_output: Option<String>,
+
+    /// CSV: the unit of numeric timestamps [default: s].
+    #[arg(long, value_enum, requires = "trace")]
+    pub csv_time_unit: Option<TimeUnit>,
+
+    /// Replay from this trace time (seconds since the trace's first request,
+    /// or 36m, 1h5m, 36m30s).
+    #[arg(long, value_name = "TIME", value_parser = parse_time, requires = "trace")]
+    pub from: Option<Duration>,
+
+    /// Replay up to this trace time (exclusive) [default: the end].
+    #[arg(long, value_name = "TIME", value_parser = parse_time, requires = "trace")]
+    pub to: Option<Duration>,
+
+    /// Time scale: trace seconds per simulated second (2 replays an hour in
+    /// 30 minutes) [default: 1].
+    #[arg(long, value_name = "X", requires = "trace")]
+    pub speed: Option<f64>,
+
+    /// Replay at this multiple of the recorded load over the same time (1.5:
+    /// each request once, half of them twice; 0.5: half of them) [default: 1].
+    #[arg(long, value_name = "K", requires = "trace")]
+    pub rate_scale: Option<f64>,
+
+    /// A fault laid over the trace, `KIND@WHEN[+LENGTH][/ENGINE]` (repeatable):
+    /// KIND is decode-crash, heartbeat-loss (default 90 s), midread-lapse
+    /// (60 s), rank-divergence (140 s), or slot-exhaustion (no time: the
+    /// whole replay); WHEN a trace time (20m, 1200) or `busiest` (the middle
+    /// of the busiest minute); LENGTH in seconds (+90, +2m); ENGINE d1 (a D
+    /// engine; p1 for rank-divergence), engine 0 by default.
+    #[arg(long, value_name = "KIND@WHEN[+LENGTH][/ENGINE]", value_parser = parse_fault, requires = "trace")]
+    pub fault: Vec<FaultSpec>,
+
+    /// Keep simulating this long after the last arrival (or fault) for
+    /// requests to settle; the run ends earlier once all have [default: 600,
+    /// longer than a 480 s timeout].
+    #[arg(long, value_name = "TIME", value_parser = parse_time, requires = "trace")]
+    pub drain: Option<Duration>,
+
+    /// Choose the fleet (P and D engines, TP, blocks per engine) so that the
+    /// trace's peak 60 s of load fits at --utilisation, and print it.
+    #[arg(
+        long,
+        requires = "trace",
+        conflicts_with_all = ["engines", "p_tp", "d_tp", "p_blocks", "d_blocks"]
+    )]
+    pub auto_size: bool,
+
+    /// The utilisation --auto-size sizes the peak load to [default: 0.7].
+    #[arg(long, value_name = "U", requires = "auto_size")]
+    pub utilisation: Option<f64>,
+
+    /// Tokens per KV block [default: 16; with --trace 512, the trace's
+    /// prefix block, about 24 blocks per Mooncake request].
+    #[arg(long, value_name = "N")]
+    pub block_tokens: Option<u32>,
 }
 
 fn parse_engines(s: &str) -> Result<(u32, u32), String> {
@@ -257,6 +356,26 @@ pub struct Settings {
     pub unknown_keys: Vec<String>,
     /// A sweep, if asked.
     pub sweep: Option<Sweep>,
+    /// A trace replay, if asked.
+    pub trace: Option<TraceSettings>,
+}
+
+/// A `--trace` invocation's replay and what the report says about it.
+#[derive(Clone, Debug)]
+pub struct TraceSettings {
+    /// What every run replays.
+    pub run: Arc<TraceRun>,
+    /// The trace, window, traffic, faults and sizing, for the report.
+    pub info: TraceInfo,
+}
+
+/// A trace read and windowed, before the fleet is known.
+struct TraceInput {
+    path: PathBuf,
+    format: Format,
+    window: Window,
+    arrivals: Vec<Arrival>,
+    stats: TraceStats,
 }
 
 /// Most agents the loopback network takes.
@@ -265,82 +384,114 @@ const MAX_AGENTS: u32 = kvlease::fabric::loopback::MAX_AGENTS;
 impl SimArgs {
     /// Checks the flags and builds the settings; the error names the flag.
     pub fn settings(&self) -> Result<Settings, String> {
-        let (p_engines, d_engines) = self.engines;
-        if self.p_tp == 0 || self.d_tp == 0 || self.p_tp > 64 || self.d_tp > 64 {
-            return Err("--p-tp and --d-tp must be 1..=64".into());
-        }
-        let mapping = TpMapping::new(self.d_tp, self.p_tp)
-            .map_err(|e| format!("--p-tp {} / --d-tp {}: {e}", self.p_tp, self.d_tp))?;
-        // The simulator runs with the default kv_lease_max_fan_out.
-        let max_fan_out = kvlease::config::DEFAULT_MAX_FAN_OUT;
-        if mapping.fan_out() > max_fan_out {
-            return Err(format!(
-                "--p-tp {} / --d-tp {}: a D worker would read from {} P ranks; at most {max_fan_out} (kv_lease_max_fan_out) are supported",
-                self.p_tp,
-                self.d_tp,
-                mapping.fan_out(),
-            ));
-        }
-        let fleet = Fleet {
-            p_engines,
-            d_engines,
-            p_tp: self.p_tp,
-            d_tp: self.d_tp,
+        let input = match &self.trace {
+            Some(path) => Some(self.trace_input(path)?),
+            None => None,
         };
-        if u64::from(p_engines) * u64::from(self.p_tp) + u64::from(d_engines) * u64::from(self.d_tp)
-            > u64::from(MAX_AGENTS)
-        {
-            return Err(format!(
-                "--engines {p_engines}:{d_engines} with TP {}/{} needs more than {MAX_AGENTS} workers (the loopback fabric's limit)",
-                self.p_tp, self.d_tp
-            ));
+        let block_tokens = self
+            .block_tokens
+            .unwrap_or(if input.is_some() { 512 } else { 16 });
+        if block_tokens == 0 || block_tokens > 65_536 {
+            return Err("--block-tokens must be 1..=65536".into());
         }
-        let model = EngineModel {
+        if self.d_max_seqs == 0 || self.d_max_seqs > 4096 {
+            return Err("--d-max-seqs must be 1..=4096".into());
+        }
+        let extra = extra_config(self.kv_transfer_config.as_deref())?;
+        let base_model = EngineModel {
+            block_tokens,
             p_blocks: self.p_blocks,
             d_blocks: self.d_blocks,
             d_max_seqs: self.d_max_seqs,
             ..EngineModel::default()
         };
-        if self.prompt_tokens == 0 || self.prompt_tokens > 65_536 {
-            return Err("--prompt-tokens must be 1..=65536".into());
-        }
-        if self.output_tokens == 0 || self.output_tokens > 65_536 {
-            return Err("--output-tokens must be 1..=65536".into());
-        }
-        if self.d_max_seqs == 0 || self.d_max_seqs > 4096 {
-            return Err("--d-max-seqs must be 1..=4096".into());
-        }
-        let biggest = self.prompt_tokens + self.prompt_tokens / 2;
-        let need_p = model.blocks_for(biggest);
-        if self.p_blocks < need_p || self.p_blocks > 1 << 24 {
-            return Err(format!(
-                "--p-blocks must be {need_p}..=16777216 (the largest prompt needs {need_p} blocks)"
-            ));
-        }
-        let need_d = model.blocks_for(biggest + self.output_tokens + self.output_tokens / 2);
-        if self.d_blocks < need_d || self.d_blocks > 1 << 24 {
-            return Err(format!(
-                "--d-blocks must be {need_d}..=16777216 (the largest request needs {need_d} blocks)"
-            ));
-        }
-        let rate = match self.rate {
-            Some(r) if r.is_finite() && r > 0.0 && r <= 1e6 => r,
-            Some(r) => {
-                return Err(format!(
-                "--rate must be a positive number of requests per second (at most 1e6), got {r}"
-            ))
+        let (fleet, model, sizing) = match &input {
+            Some(t) if self.auto_size => {
+                let s = self.auto_size(t, &base_model, &extra)?;
+                let model = EngineModel {
+                    p_blocks: s.p_blocks,
+                    d_blocks: s.d_blocks,
+                    ..base_model
+                };
+                (s.fleet(), model, Some(s))
             }
-            None => 0.45 * f64::from(d_engines) * model.d_capacity(self.output_tokens),
+            _ => {
+                let (p_engines, d_engines) = self.engines;
+                let fleet = Fleet {
+                    p_engines,
+                    d_engines,
+                    p_tp: self.p_tp,
+                    d_tp: self.d_tp,
+                };
+                (fleet, base_model, None)
+            }
         };
-        let workload = Workload {
-            rate,
-            prompt_tokens: self.prompt_tokens,
-            output_tokens: self.output_tokens,
-            max_requests: self.requests,
-        };
-        if self.requests == Some(0) {
-            return Err("--requests must be at least 1".into());
+        check_fleet(&fleet)?;
+        if input.is_none() {
+            if self.prompt_tokens == 0 || self.prompt_tokens > 65_536 {
+                return Err("--prompt-tokens must be 1..=65536".into());
+            }
+            if self.output_tokens == 0 || self.output_tokens > 65_536 {
+                return Err("--output-tokens must be 1..=65536".into());
+            }
         }
+        // The largest prompt must fit a P engine and the largest request a
+        // D engine, or the engine would wait for it forever.
+        let (biggest_prompt, biggest_request, what) = match &input {
+            Some(t) => (
+                t.stats.max_prompt_tokens,
+                t.stats.max_request_tokens,
+                "the trace's largest",
+            ),
+            None => {
+                let p = self.prompt_tokens + self.prompt_tokens / 2;
+                (
+                    p,
+                    p + self.output_tokens + self.output_tokens / 2,
+                    "the largest",
+                )
+            }
+        };
+        let need_p = model.blocks_for(biggest_prompt);
+        if model.p_blocks < need_p || model.p_blocks > 1 << 24 {
+            return Err(format!(
+                "--p-blocks must be {need_p}..=16777216 ({what} prompt needs {need_p} blocks of {block_tokens} tokens)"
+            ));
+        }
+        let need_d = model.blocks_for(biggest_request);
+        if model.d_blocks < need_d || model.d_blocks > 1 << 24 {
+            return Err(format!(
+                "--d-blocks must be {need_d}..=16777216 ({what} request needs {need_d} blocks of {block_tokens} tokens)"
+            ));
+        }
+        let workload = match &input {
+            Some(t) => Workload {
+                rate: t.stats.mean.requests_per_s,
+                prompt_tokens: t.stats.mean_prompt_tokens.round() as u32,
+                output_tokens: t.stats.mean_output_tokens.round() as u32,
+                max_requests: None,
+            },
+            None => {
+                let rate = match self.rate {
+                    Some(r) if r.is_finite() && r > 0.0 && r <= 1e6 => r,
+                    Some(r) => {
+                        return Err(format!(
+                            "--rate must be a positive number of requests per second (at most 1e6), got {r}"
+                        ))
+                    }
+                    None => 0.45 * f64::from(fleet.d_engines) * model.d_capacity(self.output_tokens),
+                };
+                if self.requests == Some(0) {
+                    return Err("--requests must be at least 1".into());
+                }
+                Workload {
+                    rate,
+                    prompt_tokens: self.prompt_tokens,
+                    output_tokens: self.output_tokens,
+                    max_requests: self.requests,
+                }
+            }
+        };
         let duration = match self.duration {
             Some(0) => return Err("--duration must be at least 1 second".into()),
             Some(s) if s > 10 * 24 * 3600 => {
@@ -353,7 +504,6 @@ impl SimArgs {
             num_kv_blocks: model.p_blocks,
             max_num_seqs: model.p_max_seqs,
         };
-        let extra = extra_config(self.kv_transfer_config.as_deref())?;
         let (config, unknown_keys) = lease_config(&extra, shape, &fleet)?;
         let sweep = match &self.sweep {
             None => None,
@@ -377,7 +527,9 @@ impl SimArgs {
                 })
             }
         };
-        let scenarios = if self.scenario.contains(&ScenarioSel::All) {
+        let scenarios = if input.is_some() {
+            vec![Scenario::Trace]
+        } else if self.scenario.contains(&ScenarioSel::All) {
             Scenario::ALL.to_vec()
         } else {
             let mut v: Vec<Scenario> = self.scenario.iter().filter_map(|s| s.scenario()).collect();
@@ -396,6 +548,10 @@ impl SimArgs {
         if self.jobs == Some(0) {
             return Err("--jobs must be at least 1".into());
         }
+        let trace = match input {
+            None => None,
+            Some(t) => Some(self.trace_settings(t, &fleet, &model, sizing)?),
+        };
         Ok(Settings {
             scenarios,
             policies,
@@ -407,8 +563,227 @@ impl SimArgs {
             config,
             unknown_keys,
             sweep,
+            trace,
         })
     }
+
+    /// Reads `--trace` and applies the window, speed and load scale.
+    fn trace_input(&self, path: &std::path::Path) -> Result<TraceInput, String> {
+        let speed = self.speed.unwrap_or(1.0);
+        if !(speed.is_finite() && speed > 0.0 && speed <= 1000.0) {
+            return Err(format!(
+                "--speed must be above 0 and at most 1000, got {speed}"
+            ));
+        }
+        let rate_scale = self.rate_scale.unwrap_or(1.0);
+        if !(rate_scale.is_finite() && rate_scale > 0.0 && rate_scale <= 100.0) {
+            return Err(format!(
+                "--rate-scale must be above 0 and at most 100, got {rate_scale}"
+            ));
+        }
+        let from = self.from.unwrap_or(Duration::ZERO);
+        if let Some(to) = self.to {
+            if to <= from {
+                return Err(format!(
+                    "--to ({} s) must be after --from ({} s)",
+                    to.as_secs_f64(),
+                    from.as_secs_f64()
+                ));
+            }
+        }
+        let csv = CsvColumns {
+            timestamp: self.csv_timestamp.clone(),
+            input: self.csv_input.clone(),
+            output: self.csv_output.clone(),
+            time_unit: self.csv_time_unit.unwrap_or_default(),
+        };
+        let trace = crate::trace::load(path, self.trace_format, &csv)?;
+        let window = Window {
+            from,
+            to: self.to,
+            speed,
+            rate_scale,
+        };
+        let arrivals = window::arrivals(&trace, &window, self.seed)?;
+        let last = arrivals.last().map_or(Duration::ZERO, |a| a.at);
+        if last > crate::trace::MAX_SPAN {
+            return Err(format!(
+                "--speed {speed}: the replay would last {:.0} s of run time, more than 10 days",
+                last.as_secs_f64()
+            ));
+        }
+        let stats = TraceStats::of(&arrivals, window.requests(&trace), trace.has_prefixes);
+        Ok(TraceInput {
+            path: path.to_path_buf(),
+            format: trace.format,
+            window,
+            arrivals,
+            stats,
+        })
+    }
+
+    /// `--auto-size`: engine counts and D blocks from the peak load, P
+    /// blocks from a sizing replay, TP from the GPU memory model.
+    fn auto_size(
+        &self,
+        t: &TraceInput,
+        model: &EngineModel,
+        extra: &Map<String, Value>,
+    ) -> Result<Sizing, String> {
+        let u = self.utilisation.unwrap_or(0.7);
+        if !(u.is_finite() && u > 0.0 && u <= 1.0) {
+            return Err(format!(
+                "--utilisation must be above 0 and at most 1, got {u}"
+            ));
+        }
+        let (p_engines, d_engines, p_busy, d_busy) = sizing::engines(&t.stats, model, u);
+        let d_blocks = sizing::d_blocks(&t.arrivals, model, u);
+        let mut room = sizing::p_blocks_room(&t.stats, model, p_engines);
+        // The sizing replay: TP 1 on both sides (P's blocks do not depend on
+        // TP, and fewer workers make it cheaper), nothing failing.
+        let fleet = Fleet {
+            p_engines,
+            d_engines,
+            p_tp: 1,
+            d_tp: 1,
+        };
+        check_fleet(&fleet).map_err(|e| format!("--auto-size: {e}"))?;
+        let last = t.arrivals.last().map_or(Duration::ZERO, |a| a.at);
+        let run = Arc::new(TraceRun {
+            arrivals: t.arrivals.clone(),
+            plan: ScenarioPlan {
+                duration: last + sizing::SIZING_DRAIN,
+                surge: None,
+                faults: Vec::new(),
+                lease_slots: None,
+                description: "sizing replay".into(),
+            },
+        });
+        let mut replays = 0;
+        let measured = loop {
+            replays += 1;
+            let m = EngineModel {
+                p_blocks: room,
+                d_blocks,
+                ..model.clone()
+            };
+            let shape = EngineShape {
+                num_kv_blocks: room,
+                max_num_seqs: m.p_max_seqs,
+            };
+            let (config, _) = lease_config(extra, shape, &fleet)?;
+            let spec = RunSpec {
+                scenario: Scenario::Trace,
+                policy: Policy::LeaseVerify,
+                config,
+                fleet,
+                model: m,
+                workload: Workload {
+                    rate: t.stats.mean.requests_per_s,
+                    prompt_tokens: 1,
+                    output_tokens: 1,
+                    max_requests: None,
+                },
+                seed: self.seed,
+                duration: None,
+                trace: Some(Arc::clone(&run)),
+            };
+            let out = crate::sim::run(&spec, &|_| {})
+                .map_err(|e| format!("--auto-size: the sizing replay failed: {e}"))?;
+            let peak = out.metrics.peak_engine_blocks_held;
+            // A pool the replay (nearly) filled may have held P back: retry
+            // with twice the room, a few times at most.
+            if (peak as f64) < 0.9 * f64::from(room) || replays == 4 || room >= 1 << 23 {
+                break peak;
+            }
+            room = room.saturating_mul(2).min(1 << 23);
+        };
+        let p_blocks = sizing::p_blocks(measured, &t.stats, model, u);
+        let gpu = GpuModel::default();
+        let tp = |blocks: u32, side: &str| {
+            gpu.tp_for(blocks, model.block_tokens).ok_or_else(|| {
+                format!(
+                    "--auto-size: {blocks} {side} blocks of {} tokens need more KV memory than TP 8                      gives under the sizing's GPU model; choose the fleet by hand (--engines, --p-tp,                      --d-tp, --p-blocks, --d-blocks)",
+                    model.block_tokens
+                )
+            })
+        };
+        Ok(Sizing {
+            utilisation: u,
+            p_engines,
+            d_engines,
+            p_tp: tp(p_blocks, "P")?,
+            d_tp: tp(d_blocks, "D")?,
+            p_blocks,
+            d_blocks,
+            block_tokens: model.block_tokens,
+            p_busy_at_peak: p_busy,
+            d_busy_at_peak: d_busy,
+            p_blocks_measured: measured,
+            sizing_replays: replays,
+            gpu,
+        })
+    }
+
+    /// The replay every run gets: the arrivals and the faults laid over them.
+    fn trace_settings(
+        &self,
+        t: TraceInput,
+        fleet: &Fleet,
+        model: &EngineModel,
+        sizing: Option<Sizing>,
+    ) -> Result<TraceSettings, String> {
+        let drain = self.drain.unwrap_or(Duration::from_secs(600));
+        let last = t.arrivals.last().map_or(Duration::ZERO, |a| a.at);
+        let (plan, faults) =
+            crate::trace::overlay::plan(&self.fault, &t.window, &t.stats, fleet, last, drain)?;
+        let info = TraceInfo {
+            file: t.path.display().to_string(),
+            format: t.format,
+            from_s: t.window.from.as_secs_f64(),
+            to_s: t.window.to.map(|d| d.as_secs_f64()),
+            speed: t.window.speed,
+            rate_scale: t.window.rate_scale,
+            block_tokens: model.block_tokens,
+            stats: t.stats,
+            faults,
+            sizing,
+        };
+        Ok(TraceSettings {
+            run: Arc::new(TraceRun {
+                arrivals: t.arrivals,
+                plan,
+            }),
+            info,
+        })
+    }
+}
+
+/// Checks a fleet the engines can be built for; the error names the flags.
+fn check_fleet(fleet: &Fleet) -> Result<(), String> {
+    let (p_tp, d_tp) = (fleet.p_tp, fleet.d_tp);
+    if p_tp == 0 || d_tp == 0 || p_tp > 64 || d_tp > 64 {
+        return Err("--p-tp and --d-tp must be 1..=64".into());
+    }
+    let mapping =
+        TpMapping::new(d_tp, p_tp).map_err(|e| format!("--p-tp {p_tp} / --d-tp {d_tp}: {e}"))?;
+    // The simulator runs with the default kv_lease_max_fan_out.
+    let max_fan_out = kvlease::config::DEFAULT_MAX_FAN_OUT;
+    if mapping.fan_out() > max_fan_out {
+        return Err(format!(
+            "--p-tp {p_tp} / --d-tp {d_tp}: a D worker would read from {} P ranks; at most {max_fan_out} (kv_lease_max_fan_out) are supported",
+            mapping.fan_out(),
+        ));
+    }
+    if u64::from(fleet.p_engines) * u64::from(p_tp) + u64::from(fleet.d_engines) * u64::from(d_tp)
+        > u64::from(MAX_AGENTS)
+    {
+        return Err(format!(
+            "--engines {}:{} with TP {p_tp}/{d_tp} needs more than {MAX_AGENTS} workers (the loopback fabric's limit)",
+            fleet.p_engines, fleet.d_engines
+        ));
+    }
+    Ok(())
 }
 
 impl ScenarioSel {

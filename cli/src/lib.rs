@@ -2,6 +2,8 @@
 //! integration tests can drive the simulator directly.
 //!
 //! - [`sim`]: the simulated deployment (engines, router, faults, metrics);
+//! - [`trace`]: request traces (`--trace`): reading, windows, faults laid
+//!   over them, the fleet sized for them;
 //! - [`report`]: the terminal table, JSON, the SVG plot, the sweep table;
 //! - [`args`]: the command line and the settings it yields;
 //! - [`runner`]: running many (scenario, policy) pairs with a progress bar;
@@ -12,3 +14,4 @@ pub mod args;
 pub mod report;
 pub mod runner;
 pub mod sim;
+pub mod trace;

@@ -9,7 +9,7 @@
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -54,11 +54,12 @@ pub fn jobs(s: &Settings) -> Vec<Job> {
                     workload: s.workload,
                     seed: s.seed,
                     duration: s.duration,
+                    trace: s.trace.as_ref().map(|t| Arc::clone(&t.run)),
                 };
                 let units = match (s.workload.max_requests, s.duration) {
                     (Some(n), _) => n,
                     (None, Some(d)) => d.as_secs(),
-                    (None, None) => scenario.plan(&s.fleet).duration.as_secs(),
+                    (None, None) => spec.plan().duration.as_secs(),
                 };
                 out.push(Job {
                     point,

@@ -140,6 +140,21 @@ fn no_subcommand_is_an_error_and_help_explains_every_flag() {
         "--json-timings",
         "--plot",
         "--jobs",
+        "--trace",
+        "--trace-format",
+        "--csv-timestamp",
+        "--csv-input",
+        "--csv-output",
+        "--csv-time-unit",
+        "--from",
+        "--to",
+        "--speed",
+        "--rate-scale",
+        "--fault",
+        "--drain",
+        "--auto-size",
+        "--utilisation",
+        "--block-tokens",
     ] {
         assert!(help.contains(flag), "--help does not mention {flag}");
     }

@@ -5,12 +5,14 @@
 //! [`RunReport`] per policy) and building it from the runs. Its
 //! submodules render it: [`table`] for the terminal, [`plot`] the SVG,
 //! [`sweep`] the trade-off table, [`checks`] the claims the run's numbers
-//! support (or not). `--json` is `serde_json` on [`Report`].
+//! support (or not), [`trace`] a replay's own figures. `--json` is
+//! `serde_json` on [`Report`].
 
 pub mod checks;
 pub mod plot;
 pub mod sweep;
 pub mod table;
+pub mod trace;
 
 use serde::Serialize;
 
@@ -32,6 +34,19 @@ pub struct FleetReport {
     pub p_tp: u32,
     /// D TP.
     pub d_tp: u32,
+}
+
+/// Engine sizes, echoed.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelReport {
+    /// Tokens per KV block.
+    pub block_tokens: u32,
+    /// KV blocks per P engine.
+    pub p_blocks: u32,
+    /// KV blocks per D engine.
+    pub d_blocks: u32,
+    /// D's max_num_seqs.
+    pub d_max_seqs: u32,
 }
 
 /// The workload, echoed.
@@ -106,6 +121,8 @@ pub struct Report {
     pub seed: u64,
     /// The fleet.
     pub fleet: FleetReport,
+    /// Engine sizes.
+    pub model: ModelReport,
     /// The workload.
     pub workload: WorkloadReport,
     /// The operator's lease settings (before sweep, scenario and policy).
@@ -113,6 +130,9 @@ pub struct Report {
     /// The sweep, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sweep: Option<SweepReport>,
+    /// The trace replayed, if any: file, window, traffic, faults, sizing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::trace::TraceInfo>,
     /// Per sweep value and scenario.
     pub runs: Vec<ScenarioReport>,
     /// The claims these numbers support (see [`checks`]).
@@ -138,7 +158,7 @@ impl Report {
                     sweep_value: value,
                     lease: LeaseReport::of(&job.spec.config),
                     scenario: job.scenario,
-                    description: job.scenario.plan(&s.fleet).description,
+                    description: job.spec.plan().description,
                     policies: Vec::new(),
                     series: Vec::new(),
                 });
@@ -161,6 +181,12 @@ impl Report {
                 p_tp: s.fleet.p_tp,
                 d_tp: s.fleet.d_tp,
             },
+            model: ModelReport {
+                block_tokens: s.model.block_tokens,
+                p_blocks: s.model.p_blocks,
+                d_blocks: s.model.d_blocks,
+                d_max_seqs: s.model.d_max_seqs,
+            },
             workload: WorkloadReport {
                 rate: (s.workload.rate * 1000.0).round() / 1000.0,
                 prompt_tokens: s.workload.prompt_tokens,
@@ -172,6 +198,7 @@ impl Report {
                 key: sw.key.clone(),
                 values: sw.points.iter().map(|(v, _)| v.clone()).collect(),
             }),
+            trace: s.trace.as_ref().map(|t| t.info.clone()),
             runs,
             checks: Vec::new(),
         };

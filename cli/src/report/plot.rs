@@ -4,6 +4,9 @@
 //! Owns the figure's layout and colours. Drawn with plotters' SVG backend
 //! only (no bitmap or font stack: text is SVG text, sized by plotters'
 //! built-in estimate). Each policy's series is one `<polyline>` per panel.
+//! A series longer than [`MAX_POINTS`] seconds (an hour-long trace) is
+//! drawn as the maximum over buckets of whole seconds, so that peaks
+//! survive and the lines stay readable; the axis label says the bucket.
 
 use plotters::prelude::*;
 
@@ -16,6 +19,23 @@ fn colour(p: Policy) -> RGBColor {
         Policy::LeaseNoVerify => RGBColor(0x2c, 0xa0, 0x2c),
         Policy::Fixed480 => RGBColor(0xd6, 0x27, 0x28),
         Policy::Fixed30 => RGBColor(0xff, 0x7f, 0x0e),
+    }
+}
+
+/// Most points per series before bucketing.
+pub const MAX_POINTS: usize = 1200;
+
+/// Seconds per point for a run of `secs` seconds.
+fn bucket(secs: usize) -> usize {
+    if secs <= MAX_POINTS {
+        1
+    } else {
+        // A round number of seconds: 5, 10, 30, 60, ...
+        let raw = secs.div_ceil(MAX_POINTS / 2);
+        [5, 10, 30, 60, 300, 600, 3600]
+            .into_iter()
+            .find(|&b| b >= raw)
+            .unwrap_or(raw)
     }
 }
 
@@ -45,9 +65,20 @@ pub fn render(report: &Report) -> Result<String, String> {
                 .max()
                 .unwrap_or(0)
                 .max(1);
-            let title = match &r.sweep_value {
-                Some(v) => format!("{} (sweep value {v})", r.scenario.name()),
+            let b = bucket(secs);
+            // A replay's panel is named after its file.
+            let name = match &report.trace {
+                Some(t) => {
+                    let file = std::path::Path::new(&t.file)
+                        .file_name()
+                        .map_or(t.file.clone(), |f| f.to_string_lossy().into_owned());
+                    format!("trace {file}")
+                }
                 None => r.scenario.name().to_string(),
+            };
+            let title = match &r.sweep_value {
+                Some(v) => format!("{name} (sweep value {v})"),
+                None => name,
             };
             let mut chart = ChartBuilder::on(area)
                 .caption(title, ("sans-serif", 18))
@@ -59,7 +90,11 @@ pub fn render(report: &Report) -> Result<String, String> {
             chart
                 .configure_mesh()
                 .x_desc("virtual seconds")
-                .y_desc("P blocks held")
+                .y_desc(if b == 1 {
+                    "P blocks held".to_string()
+                } else {
+                    format!("P blocks held (max per {b} s)")
+                })
                 .light_line_style(WHITE.mix(0.0))
                 .draw()
                 .map_err(|e| e.to_string())?;
@@ -67,7 +102,12 @@ pub fn render(report: &Report) -> Result<String, String> {
                 let c = colour(*policy);
                 chart
                     .draw_series(LineSeries::new(
-                        series.iter().enumerate().map(|(t, v)| (t as u64 + 1, *v)),
+                        series.chunks(b).enumerate().map(|(k, vs)| {
+                            (
+                                (k * b + vs.len()) as u64,
+                                vs.iter().copied().max().unwrap_or(0),
+                            )
+                        }),
                         c.stroke_width(2),
                     ))
                     .map_err(|e| e.to_string())?

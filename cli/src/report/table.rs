@@ -134,6 +134,31 @@ pub fn render(report: &Report) -> String {
     let mut out = String::new();
     let f = &report.fleet;
     let w = &report.workload;
+    if let Some(info) = &report.trace {
+        let _ = writeln!(
+            out,
+            "kvlease sim: seed {}, {} P x TP{} + {} D x TP{}, {} P blocks and {} D blocks per engine of {} tokens",
+            report.seed,
+            f.p_engines,
+            f.p_tp,
+            f.d_engines,
+            f.d_tp,
+            report.model.p_blocks,
+            report.model.d_blocks,
+            report.model.block_tokens
+        );
+        out.push_str(&super::trace::header(info));
+        out.push('\n');
+        for r in &report.runs {
+            out.push_str(&scenario_table(r));
+            out.push('\n');
+        }
+        out.push_str(&super::trace::figures(report));
+        out.push('\n');
+        out.push_str(LEGEND);
+        out.push('\n');
+        return out;
+    }
     let _ = writeln!(
         out,
         "kvlease sim: seed {}, {} P x TP{} + {} D x TP{}, {:.2} req/s (prompt ~{} tok, output ~{} tok){}",

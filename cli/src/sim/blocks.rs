@@ -10,6 +10,8 @@
 pub struct BlockPool {
     free: Vec<u32>,
     total: u32,
+    /// The fewest blocks ever free (the pool's high-water mark of use).
+    low_free: u32,
 }
 
 impl BlockPool {
@@ -19,6 +21,7 @@ impl BlockPool {
             // Reversed so that block 0 is handed out first.
             free: (0..total).rev().collect(),
             total,
+            low_free: total,
         }
     }
 
@@ -32,6 +35,11 @@ impl BlockPool {
         self.total
     }
 
+    /// Most blocks ever in use at once.
+    pub fn peak_used(&self) -> u32 {
+        self.total - self.low_free
+    }
+
     /// `n` blocks, or `None` (nothing taken) if fewer are free.
     pub fn take(&mut self, n: u32) -> Option<Vec<u32>> {
         let n = n as usize;
@@ -40,6 +48,7 @@ impl BlockPool {
         }
         let at = self.free.len() - n;
         let mut blocks = self.free.split_off(at);
+        self.low_free = self.low_free.min(at as u32);
         // Popping order: the most recently freed first.
         blocks.reverse();
         Some(blocks)
@@ -65,5 +74,6 @@ mod tests {
         p.give_back(&a);
         assert_eq!(p.take(3).expect("free"), vec![0, 1, 2]);
         assert_eq!(p.total(), 8);
+        assert_eq!(p.peak_used(), 3);
     }
 }

@@ -295,6 +295,8 @@ impl DecodeEngine {
             }
             if let Some(req) = ledger.get_mut(r.serial) {
                 req.d_state = DState::Done;
+                m.latencies_s
+                    .push(now.saturating_duration_since(req.arrived).as_secs_f64());
             }
             ledger.settle_if_done(r.serial);
         }
@@ -346,6 +348,10 @@ impl DecodeEngine {
             };
             self.waiting.pop_front();
             busy += 1;
+            if let Some(arrived) = req.d_arrived {
+                m.d_waits_s
+                    .push(now.saturating_duration_since(arrived).as_secs_f64());
+            }
             if !req.leased {
                 // No KV to pull (P could not lease it): D prefills it.
                 self.loading.remove(&serial);

@@ -19,6 +19,11 @@
 //!   corruptions** loads D accepted whose KV words were not the request's
 //!   (P had reused the blocks); **verified but wrong** loads that passed
 //!   verification with wrong words (must be 0: it would be a library bug).
+//! - **D wait**: from a request's arrival in D's queue until D schedules
+//!   its load (or, unleased, its own prefill): how long P's blocks wait for
+//!   D in the best case; a lease must outlast it when heartbeats stop.
+//! - **latency**: from a request's arrival at the router until its last
+//!   token (completed requests only; a recomputed prefill is in it).
 //! - **goodput**: requests completed with their own KV, per second.
 //! - **lease CPU per step**: wall time of the kvlease calls in one engine
 //!   step (measured with `std::time::Instant`, the one clock the simulator
@@ -37,6 +42,8 @@ pub struct Metrics {
     pub completed_corrupt: u64,
     /// Requests lost to a D crash (or with no D alive).
     pub lost: u64,
+    /// Requests neither completed nor lost when the run ended.
+    pub in_flight_at_end: u64,
     /// Dead-block-seconds (see the module docs).
     pub dead_block_seconds: f64,
     /// Dead blocks still held when the run ended.
@@ -49,6 +56,8 @@ pub struct Metrics {
     pub orphaned: u64,
     /// Most P blocks held at once, fleet-wide.
     pub peak_blocks_held: u64,
+    /// Most blocks one P engine held at once.
+    pub peak_engine_blocks_held: u64,
     /// P blocks held now, fleet-wide.
     pub blocks_held: u64,
     /// Premature frees.
@@ -77,10 +86,16 @@ pub struct Metrics {
     pub renewals: u64,
     /// Blocks held, one sample per second.
     pub held_series: Vec<u64>,
+    /// Every D wait, seconds (see the module docs).
+    pub d_waits_s: Vec<f64>,
+    /// Every completed request's latency, seconds (see the module docs).
+    pub latencies_s: Vec<f64>,
     /// Wall nanoseconds in kvlease calls on P engine steps.
     pub p_lease_ns: u64,
     /// P engine steps.
     pub p_steps: u64,
+    /// The longest P step (a P engine sees an expiry at its next step).
+    pub longest_p_step: std::time::Duration,
     /// Wall nanoseconds in kvlease calls on D engine steps.
     pub d_lease_ns: u64,
     /// D engine steps.
@@ -110,6 +125,12 @@ pub struct RunReport {
     pub goodput_rps: f64,
     /// Requests lost to a crash.
     pub lost: u64,
+    /// Requests neither completed (own KV or not) nor lost when the run
+    /// ended: arrived = completed + silent corruptions' completions + lost +
+    /// in flight.
+    pub in_flight_at_end: u64,
+    /// Requests completed on another request's KV.
+    pub completed_corrupt: u64,
     /// Dead-block-seconds after a crash.
     pub dead_block_seconds: f64,
     /// Dead blocks still held at the end.
@@ -123,6 +144,8 @@ pub struct RunReport {
     pub orphaned: u64,
     /// Peak P blocks held, fleet-wide.
     pub peak_blocks_held: u64,
+    /// Peak blocks held by one P engine.
+    pub peak_engine_blocks_held: u64,
     /// Premature frees (recomputed prefills or corrupt reads follow).
     pub premature_frees: u64,
     /// Premature frees during D's READ.
@@ -141,6 +164,17 @@ pub struct RunReport {
     pub unverifiable: u64,
     /// Prefills recomputed on D.
     pub recomputed: u64,
+    /// The 99th percentile of D waits, seconds (None: no request reached D).
+    pub d_wait_p99_s: Option<f64>,
+    /// The longest D wait, seconds.
+    pub d_wait_max_s: Option<f64>,
+    /// The longest P engine step, seconds: an expiry is noticed at the end
+    /// of the step it falls in, so reclaim bounds carry this much slack.
+    pub longest_p_step_s: f64,
+    /// Median latency of completed requests, seconds.
+    pub latency_p50_s: Option<f64>,
+    /// 99th percentile latency of completed requests, seconds.
+    pub latency_p99_s: Option<f64>,
     /// Leases granted without a slot.
     pub granted_without_slot: u64,
     /// Heartbeat messages sent.
@@ -176,12 +210,15 @@ impl Metrics {
             completed: self.completed_ok,
             goodput_rps: round(self.completed_ok as f64 / seconds.max(1e-9)),
             lost: self.lost,
+            in_flight_at_end: self.in_flight_at_end,
+            completed_corrupt: self.completed_corrupt,
             dead_block_seconds: round(self.dead_block_seconds),
             dead_blocks_at_end: self.dead_blocks_at_end,
             reclaim_s: self.reclaim_s.map(round),
             reclaim_renewed_s: self.reclaim_renewed_s.map(round),
             orphaned: self.orphaned,
             peak_blocks_held: self.peak_blocks_held,
+            peak_engine_blocks_held: self.peak_engine_blocks_held,
             premature_frees: self.premature_frees,
             mid_read_frees: self.mid_read_frees,
             stale_reads: self.stale_reads,
@@ -191,6 +228,11 @@ impl Metrics {
             failed_loads: self.failed_loads,
             unverifiable: self.unverifiable,
             recomputed: self.recomputed,
+            d_wait_p99_s: quantile(&self.d_waits_s, 0.99).map(round),
+            d_wait_max_s: quantile(&self.d_waits_s, 1.0).map(round),
+            longest_p_step_s: round(self.longest_p_step.as_secs_f64()),
+            latency_p50_s: quantile(&self.latencies_s, 0.5).map(round),
+            latency_p99_s: quantile(&self.latencies_s, 0.99).map(round),
             granted_without_slot: self.granted_without_slot,
             heartbeat_messages: self.heartbeat_messages,
             renewals: self.renewals,
@@ -214,6 +256,17 @@ impl Metrics {
             d_steps: self.d_steps,
         }
     }
+}
+
+/// The `q` quantile of `xs` (nearest rank); `None` if empty.
+fn quantile(xs: &[f64], q: f64) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    Some(v[rank - 1])
 }
 
 /// Adds the wall time of `f` to `acc`: the lease-CPU meter, wrapped around

@@ -17,6 +17,7 @@
 //! - [`scenario`], [`policy`]: what happens, and what is compared;
 //! - [`prefill`], [`decode`], [`decode_worker`]: the engines;
 //! - [`router`], [`world`]: arrivals, routing, the event loop;
+//! - [`replay`]: a trace's arrivals and faults as a run's input;
 //! - [`bidir`]: the `bidirectional-skew` scenario's own small world;
 //! - [`ledger`], [`metrics`]: what is measured, and how;
 //! - [`blocks`], [`kv`], [`rng`], [`error`]: small parts.
@@ -32,6 +33,7 @@ pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod prefill;
+pub mod replay;
 pub mod rng;
 pub mod router;
 pub mod scenario;

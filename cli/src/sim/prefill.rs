@@ -155,6 +155,11 @@ impl PrefillEngine {
         self.waiting.len()
     }
 
+    /// Most KV blocks this engine had in use at once.
+    pub fn peak_blocks_used(&self) -> u32 {
+        self.pool.peak_used()
+    }
+
     /// Leases granted without a slot so far.
     pub fn granted_without_slot(&self) -> u64 {
         self.sched.counters().granted_without_slot

@@ -42,6 +42,10 @@ pub enum Scenario {
     /// with D's clock 2 h ahead and 80 ppm fast, and slow READs that outlast
     /// the safety margin.
     BidirectionalSkew,
+    /// A trace replay (`--trace`): the faults laid over it come from
+    /// `--fault`, its timeline from [`super::replay::TraceRun`].
+    #[value(skip)]
+    Trace,
 }
 
 impl Scenario {
@@ -68,6 +72,7 @@ impl Scenario {
             Scenario::SlotExhaustion => "slot-exhaustion",
             Scenario::RankDivergence => "rank-divergence",
             Scenario::BidirectionalSkew => "bidirectional-skew",
+            Scenario::Trace => "trace",
         }
     }
 
@@ -85,6 +90,10 @@ impl Scenario {
         match self {
             Scenario::Happy => {
                 plan.description = "steady traffic, nothing fails".into();
+            }
+            Scenario::Trace => {
+                // The replay's own plan (RunSpec::plan) replaces this one.
+                plan.description = "a trace replay".into();
             }
             Scenario::DecodeCrash => {
                 // The crash comes during a surge, so D 0 has a queue to lose;

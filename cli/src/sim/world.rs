@@ -7,12 +7,17 @@
 //! the books at the end. Events are processed in (time, sequence) order, so
 //! a run is a pure function of its [`RunSpec`].
 //!
+//! Arrivals come from the workload (Poisson, with the scenario's surge) or,
+//! for `--trace`, from a replay ([`super::replay`]); a replay ends once its
+//! last request has arrived and every request has settled, or at its cap.
+//!
 //! Engines step on their own clocks: a step's duration comes from the work
 //! it started (see [`super::model::EngineModel`]); an idle engine polls
 //! every `idle_poll`, and a request arriving at an idle engine wakes it.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvlease::fabric::loopback::{
@@ -27,6 +32,7 @@ use super::metrics::Metrics;
 use super::model::{EngineModel, Fleet, Workload};
 use super::policy::Policy;
 use super::prefill::PrefillEngine;
+use super::replay::{Replay, TraceRun};
 use super::rng::SimRng;
 use super::router::{least_loaded, Arrivals};
 use super::scenario::{Fault, Scenario, ScenarioPlan};
@@ -50,9 +56,28 @@ pub struct RunSpec {
     pub seed: u64,
     /// Run this long instead of the scenario's duration.
     pub duration: Option<Duration>,
+    /// A trace replay instead of the workload's arrivals (the scenario is
+    /// then [`Scenario::Trace`], its timeline the replay's).
+    pub trace: Option<Arc<TraceRun>>,
 }
 
 impl RunSpec {
+    /// The run's timeline: the replay's faults, or the scenario's.
+    pub fn plan(&self) -> ScenarioPlan {
+        match &self.trace {
+            Some(t) => t.plan.clone(),
+            None => self.scenario.plan(&self.fleet),
+        }
+    }
+
+    /// The largest prompt a run can see, in tokens.
+    pub fn largest_prompt(&self) -> u32 {
+        match &self.trace {
+            Some(t) => t.largest_prompt(),
+            None => self.workload.prompt_tokens + self.workload.prompt_tokens / 2,
+        }
+    }
+
     /// The lease settings the run's engines get: the operator's, the
     /// scenario's pins, then the policy.
     pub fn effective_config(&self, plan: &ScenarioPlan) -> LeaseConfig {
@@ -71,6 +96,14 @@ pub struct RunOutput {
     pub metrics: Metrics,
     /// Virtual seconds simulated.
     pub seconds: f64,
+}
+
+/// Where a run's requests come from.
+enum Source<'a> {
+    /// The workload's Poisson process.
+    Poisson(Arrivals),
+    /// A trace replay.
+    Trace(Replay<'a>),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -169,7 +202,7 @@ impl World {
 }
 
 /// The loopback network a fleet needs.
-fn network(fleet: &Fleet, model: &EngineModel, workload: &Workload, seed: u64) -> LoopbackConfig {
+fn network(fleet: &Fleet, model: &EngineModel, largest_prompt: u32, seed: u64) -> LoopbackConfig {
     let fan_out = (fleet.p_tp / fleet.d_tp).max(1);
     let p_ranks = fleet.p_engines * fleet.p_tp;
     LoopbackConfig {
@@ -183,10 +216,7 @@ fn network(fleet: &Fleet, model: &EngineModel, workload: &Workload, seed: u64) -
         // A load's blocks (one descriptor each at worst) or a batch of lease
         // checks (one each when their slots are scattered; a worker has at
         // most d_max_seqs loads). Preallocated per READ: keep it tight.
-        max_descs_per_read: model
-            .blocks_for(workload.prompt_tokens + workload.prompt_tokens / 2)
-            .max(model.d_max_seqs)
-            + 8,
+        max_descs_per_read: model.blocks_for(largest_prompt).max(model.d_max_seqs) + 8,
         read_latency: model.read_latency,
         transfer_timeout: model.transfer_timeout,
         handshake_polls: 2,
@@ -199,7 +229,7 @@ fn network(fleet: &Fleet, model: &EngineModel, workload: &Workload, seed: u64) -
 /// Runs one (scenario, policy). `progress` is told of each simulated second
 /// (or, for a request-bounded run, each settled request).
 pub fn run(spec: &RunSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<RunOutput, SimError> {
-    let plan = spec.scenario.plan(&spec.fleet);
+    let plan = spec.plan();
     let config = spec.effective_config(&plan);
     config
         .validate()
@@ -218,7 +248,7 @@ pub fn run(spec: &RunSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<RunOutput,
     let net = LoopbackNetwork::new(network(
         &spec.fleet,
         &spec.model,
-        &spec.workload,
+        spec.largest_prompt(),
         rng.next_u64(),
     ));
     let t0 = Instant::from_secs(1);
@@ -246,7 +276,14 @@ pub fn run(spec: &RunSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<RunOutput,
             &net,
         )?);
     }
-    let mut arrivals = Arrivals::new(SimRng::new(spec.seed, 1), spec.workload, plan.surge);
+    let mut source = match &spec.trace {
+        Some(t) => Source::Trace(Replay::new(&t.arrivals)),
+        None => Source::Poisson(Arrivals::new(
+            SimRng::new(spec.seed, 1),
+            spec.workload,
+            plan.surge,
+        )),
+    };
     let mut w = World {
         net,
         t0,
@@ -268,18 +305,31 @@ pub fn run(spec: &RunSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<RunOutput,
         w.at(t0 + *at, Ev::Fault(k));
     }
     w.at(t0 + Duration::from_secs(1), Ev::Sample);
-    let max_requests = spec.workload.max_requests;
+    let replay = spec.trace.is_some();
+    let max_requests = if replay {
+        None
+    } else {
+        spec.workload.max_requests
+    };
+    // A request-bounded run and a replay stop once everything has settled.
+    let until_settled = replay || max_requests.is_some();
     let end = match (spec.duration, max_requests) {
         (Some(d), _) => Some(t0 + d),
         (None, Some(_)) => None,
         (None, None) => Some(t0 + plan.duration),
     };
-    if let Some(first) = arrivals.next_after(Duration::ZERO) {
+    let first = match &mut source {
+        Source::Poisson(a) => a.next_after(Duration::ZERO),
+        Source::Trace(r) => r.next_at(),
+    };
+    if let Some(first) = first {
         w.at(t0 + first, Ev::Arrive);
     }
-    let mut arrivals_done = max_requests == Some(0);
+    let mut arrivals_done = max_requests == Some(0) || first.is_none();
     let mut now = t0;
     let mut settled_reported = 0u64;
+    // A replay that settled before its cap ends there, not at the cap.
+    let mut settled_early = false;
     while let Some(Reverse((t, _, ev))) = w.events.pop() {
         let t = Instant::from_nanos(t);
         if end.is_some_and(|e| t > e) {
@@ -289,7 +339,10 @@ pub fn run(spec: &RunSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<RunOutput,
         w.net.advance_to(now);
         match ev {
             Ev::Arrive => {
-                let (prompt, output) = arrivals.sizes();
+                let (prompt, output) = match &mut source {
+                    Source::Poisson(a) => a.sizes(),
+                    Source::Trace(r) => r.take().unwrap_or((1, 0)),
+                };
                 let target = least_loaded(w.p.iter().map(|e| Some(e.queued()))).unwrap_or(0);
                 let serial = w.ledger.add(Req {
                     prompt,
@@ -311,10 +364,14 @@ pub fn run(spec: &RunSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<RunOutput,
                 w.m.arrived += 1;
                 w.p[target].enqueue(serial);
                 w.wake_p(target as u32, now);
-                if max_requests.is_some_and(|n| w.ledger.arrived >= n) {
-                    arrivals_done = true;
-                } else if let Some(next) = arrivals.next_after(now.saturating_duration_since(t0)) {
-                    w.at(t0 + next, Ev::Arrive);
+                let next = match &mut source {
+                    _ if max_requests.is_some_and(|n| w.ledger.arrived >= n) => None,
+                    Source::Poisson(a) => a.next_after(now.saturating_duration_since(t0)),
+                    Source::Trace(r) => r.next_at(),
+                };
+                match next {
+                    Some(next) => w.at(t0 + next, Ev::Arrive),
+                    None => arrivals_done = true,
                 }
             }
             Ev::PStep(i, g) => {
@@ -322,6 +379,7 @@ pub fn run(spec: &RunSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<RunOutput,
                     continue;
                 }
                 let out = w.p[i as usize].step(now, &mut w.ledger, &mut w.m, &w.model)?;
+                w.m.longest_p_step = w.m.longest_p_step.max(out.duration);
                 for serial in out.done {
                     let at = now + w.model.proxy_latency;
                     w.at(at, Ev::Deliver(serial));
@@ -377,17 +435,25 @@ pub fn run(spec: &RunSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<RunOutput,
                     }
                 } else {
                     progress(1);
+                    if until_settled && arrivals_done && w.ledger.is_empty() {
+                        settled_early = true;
+                        break;
+                    }
                 }
                 w.at(now + Duration::from_secs(1), Ev::Sample);
             }
         }
     }
-    if let Some(e) = end {
+    if let Some(e) = end.filter(|_| !settled_early) {
         now = now.max(e);
     }
-    // Close the books: dead blocks still held count up to the end.
+    // Close the books: dead blocks still held count up to the end; a request
+    // neither done nor lost is still in flight.
     let mut dead_left = 0u64;
     for (_, req) in w.ledger.iter() {
+        if !matches!(req.d_state, DState::Done | DState::Lost) {
+            w.m.in_flight_at_end += 1;
+        }
         if let (Some(crash), true) = (req.orphaned_at, req.p_held) {
             let held = now.saturating_duration_since(crash).as_secs_f64();
             w.m.dead_block_seconds += held * req.p_blocks.len() as f64;
@@ -401,6 +467,11 @@ pub fn run(spec: &RunSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<RunOutput,
         w.m.reclaim_renewed_s = None;
     }
     w.m.granted_without_slot = w.p.iter().map(PrefillEngine::granted_without_slot).sum();
+    w.m.peak_engine_blocks_held =
+        w.p.iter()
+            .map(|e| u64::from(e.peak_blocks_used()))
+            .max()
+            .unwrap_or(0);
     w.m.renewals = w.p.iter().map(PrefillEngine::renewals).sum();
     w.m.heartbeat_messages = w.d.iter().map(DecodeEngine::heartbeat_messages).sum();
     Ok(RunOutput {
