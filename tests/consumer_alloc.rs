@@ -161,9 +161,9 @@ fn steady_state_d_steps_allocate_nothing() {
     });
     let (allocs, bytes) = (counts.allocs, counts.bytes);
     // Make sure the run exercised what it claims to.
-    let tc = *tracker.counters();
-    let c0 = *senders[0].counters();
-    let c1 = *senders[1].counters();
+    let tc = tracker.counters();
+    let c0 = senders[0].counters();
+    let c1 = senders[1].counters();
     eprintln!("tracker: {tc:?}");
     eprintln!("rank 0: {c0:?}");
     eprintln!("rank 1: {c1:?}");

@@ -74,7 +74,7 @@ fn split_p_roles_allocate_nothing_after_construction() {
                 0 | 1 => {
                     if let Ok(g) = sched.grant(id, now) {
                         nonces[k] = Some(g.nonce);
-                        slots[k] = g.slot;
+                        slots[k] = g.fields.map(|f| f.slot);
                     }
                 }
                 2 => {
@@ -136,9 +136,9 @@ fn split_p_roles_allocate_nothing_after_construction() {
     });
     let (allocs, bytes) = (counts.allocs, counts.bytes);
 
-    let c = *sched.counters();
-    let r0 = *ranks[0].counters();
-    let r1 = *ranks[1].counters();
+    let c = sched.counters();
+    let r0 = ranks[0].counters();
+    let r1 = ranks[1].counters();
     assert!(c.granted > 5_000, "{c:?}");
     assert!(
         c.released_read > 100 && c.expired > 100 && c.cancelled > 100,

@@ -143,12 +143,13 @@ impl Replay {
             .grant(&self.ids[i], self.now)
             .map_err(|e| format!("real grant of request {i} refused: {e}"))?;
         let want = after.sched.leases[i].ok_or("model did not grant")?;
-        if g.slot != want.slot.map(u32::from)
+        if g.fields.map(|f| f.slot) != want.slot.map(u32::from)
             || g.nonce != nonce_of(want.nonce.epoch, want.nonce.draw)
         {
             return Err(format!(
                 "grant {i}: real slot {:?} nonce {:?}, model {want:?}",
-                g.slot, g.nonce
+                g.fields.map(|f| f.slot),
+                g.nonce
             ));
         }
         let n = self
@@ -177,7 +178,7 @@ impl Replay {
                     .collect();
                 msg.extend_from_slice(names.join(",").as_bytes());
                 if let Some(rank) = self.ranks[usize::from(rank)].as_mut() {
-                    rank.on_notification(&msg, self.now)
+                    rank.on_notification("decode", &msg, self.now)
                         .map_err(|e| format!("heartbeat refused: {e}"))?;
                 }
             }
@@ -195,7 +196,7 @@ impl Replay {
                 .map_err(|e| format!("read-done encode: {e}"))?;
                 let msg = self.buf[..n].to_vec();
                 if let Some(rank) = self.ranks[usize::from(rank)].as_mut() {
-                    rank.on_notification(&msg, self.now)
+                    rank.on_notification("decode", &msg, self.now)
                         .map_err(|e| format!("read-done refused: {e}"))?;
                 }
                 self.pump()?;

@@ -306,8 +306,8 @@ impl HeartbeatTracker {
     }
 
     /// The counters; a borrow, read them every step if you like.
-    pub fn counters(&self) -> &TrackerCounters {
-        &self.counters
+    pub fn counters(&self) -> TrackerCounters {
+        self.counters
     }
 
     /// Requests tracked now.
