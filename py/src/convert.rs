@@ -44,3 +44,28 @@ macro_rules! counters_dict {
     }};
 }
 pub(crate) use counters_dict;
+
+/// Calls `f` with the bytes of a `bytes` object (no copy), or of anything
+/// else that `bytes()` accepts (`bytearray`, `memoryview`, ...: one copy;
+/// the limited API of Python 3.10, which an abi3 wheel targets, has no
+/// buffer protocol). A `str` is refused: notifications are bytes.
+pub(crate) fn with_bytes<R>(
+    obj: &Bound<'_, PyAny>,
+    f: impl FnOnce(&[u8]) -> PyResult<R>,
+) -> PyResult<R> {
+    use pyo3::types::{PyBytes, PyString};
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return f(b.as_bytes());
+    }
+    if obj.is_instance_of::<PyString>() {
+        return Err(pyo3::exceptions::PyTypeError::new_err(
+            "expected bytes, bytearray or memoryview, not str",
+        ));
+    }
+    let copied = obj
+        .py()
+        .get_type::<PyBytes>()
+        .call1((obj,))?
+        .cast_into::<PyBytes>()?;
+    f(copied.as_bytes())
+}

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::config::LeaseConfig;
-use crate::convert::{counters_dict, instant};
+use crate::convert::{counters_dict, instant, with_bytes};
 use crate::errors::{self, raise};
 
 /// A verdict's name as Python sees it.
@@ -172,16 +172,18 @@ impl HeartbeatTracker {
     /// message that does not decode, or from a worker rank the tracker was
     /// not built for (whose requests fail: they are in `e.args`... see the
     /// library's `apply_outcomes`).
-    fn apply_outcomes(&mut self, msg: &[u8]) -> PyResult<Vec<(String, String)>> {
-        let decoded = OutcomeMsg::decode(msg).map_err(errors::ipc)?;
-        let mut out = Vec::new();
-        let r = self.inner.apply_outcomes(&decoded, |id, v| {
-            out.push((id.to_owned(), verdict_name(v)));
-        });
-        match r {
-            Ok(_) => Ok(out),
-            Err(e) => Err(errors::ipc(e)),
-        }
+    fn apply_outcomes(&mut self, msg: &Bound<'_, PyAny>) -> PyResult<Vec<(String, String)>> {
+        with_bytes(msg, |msg| {
+            let decoded = OutcomeMsg::decode(msg).map_err(errors::ipc)?;
+            let mut out = Vec::new();
+            let r = self.inner.apply_outcomes(&decoded, |id, v| {
+                out.push((id.to_owned(), verdict_name(v)));
+            });
+            match r {
+                Ok(_) => Ok(out),
+                Err(e) => Err(errors::ipc(e)),
+            }
+        })
     }
 
     /// Requests tracked now.
@@ -249,12 +251,14 @@ pub(crate) fn encode_outcomes<'py>(
 /// The outcomes of a verify-outcome message: `(rank, [(d_request_id,
 /// verdict)])`. Raises `IpcError` for bytes that do not decode.
 #[pyfunction]
-pub(crate) fn decode_outcomes(msg: &[u8]) -> PyResult<(u32, Vec<(String, String)>)> {
-    let m = OutcomeMsg::decode(msg).map_err(errors::ipc)?;
-    Ok((
-        m.rank(),
-        m.iter()
-            .map(|o| (o.request_id.to_owned(), verdict_name(o.verdict)))
-            .collect(),
-    ))
+pub(crate) fn decode_outcomes(msg: &Bound<'_, PyAny>) -> PyResult<(u32, Vec<(String, String)>)> {
+    with_bytes(msg, |msg| {
+        let m = OutcomeMsg::decode(msg).map_err(errors::ipc)?;
+        Ok((
+            m.rank(),
+            m.iter()
+                .map(|o| (o.request_id.to_owned(), verdict_name(o.verdict)))
+                .collect(),
+        ))
+    })
 }

@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::config::LeaseConfig;
-use crate::convert::{counters_dict, instant, seconds};
+use crate::convert::{counters_dict, instant, seconds, with_bytes};
 use crate::errors::{self, raise};
 
 /// A released lease's slot: give it back with
@@ -135,12 +135,14 @@ impl PrefillScheduler {
     /// Applies one report message of worker `rank`. Returns `(counted,
     /// released, ignored)`. Raises `IpcError` for bytes that do not decode
     /// (counted; nothing applied).
-    fn apply_reports(&mut self, rank: u32, msg: &[u8]) -> PyResult<(u32, u32, u32)> {
-        if msg.is_empty() {
-            return Ok((0, 0, 0));
-        }
-        let s = self.inner.apply_reports(rank, msg).map_err(errors::ipc)?;
-        Ok((s.counted, s.released, s.ignored))
+    fn apply_reports(&mut self, rank: u32, msg: &Bound<'_, PyAny>) -> PyResult<(u32, u32, u32)> {
+        with_bytes(msg, |msg| {
+            if msg.is_empty() {
+                return Ok((0, 0, 0));
+            }
+            let s = self.inner.apply_reports(rank, msg).map_err(errors::ipc)?;
+            Ok((s.counted, s.released, s.ignored))
+        })
     }
 
     /// Every lease released by every rank, oldest first, as
@@ -307,15 +309,15 @@ impl PrefillRank {
     /// Applies one directive message from the scheduler (empty: nothing).
     /// Returns `(applied, ignored, refused)`. Raises `IpcError` for bytes
     /// that do not decode (counted; nothing applied).
-    fn apply_directives(&mut self, msg: &[u8], now: f64) -> PyResult<(u32, u32, u32)> {
-        if msg.is_empty() {
-            return Ok((0, 0, 0));
-        }
-        let s = self
-            .inner
-            .apply_directives(msg, instant(now)?)
-            .map_err(errors::ipc)?;
-        Ok((s.applied, s.ignored, s.refused))
+    fn apply_directives(&mut self, msg: &Bound<'_, PyAny>, now: f64) -> PyResult<(u32, u32, u32)> {
+        let now = instant(now)?;
+        with_bytes(msg, |msg| {
+            if msg.is_empty() {
+                return Ok((0, 0, 0));
+            }
+            let s = self.inner.apply_directives(msg, now).map_err(errors::ipc)?;
+            Ok((s.applied, s.ignored, s.refused))
+        })
     }
 
     /// Applies one notification received from agent `sender`: a heartbeat
@@ -327,14 +329,17 @@ impl PrefillRank {
     fn on_notification(
         &mut self,
         sender: &str,
-        msg: &[u8],
+        msg: &Bound<'_, PyAny>,
         now: f64,
     ) -> PyResult<(u32, u32, Option<&'static str>)> {
-        let s = self
-            .inner
-            .on_notification(sender, msg, instant(now)?)
-            .map_err(errors::wire)?;
-        Ok((s.renewed, s.ignored, s.read_done.map(share_name)))
+        let now = instant(now)?;
+        with_bytes(msg, |msg| {
+            let s = self
+                .inner
+                .on_notification(sender, msg, now)
+                .map_err(errors::wire)?;
+            Ok((s.renewed, s.ignored, s.read_done.map(share_name)))
+        })
     }
 
     /// Expires what is due (leases past their deadline, pinned leases past

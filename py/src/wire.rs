@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use pyo3::IntoPyObjectExt;
 
-use crate::convert::nonce;
+use crate::convert::{nonce, with_bytes};
 use crate::errors;
 
 /// `"with_nonce"` for a peer that advertises lease slots, `"plain"` (vLLM's
@@ -132,7 +132,9 @@ pub(crate) fn lease_advert<'py>(
 /// `None` when it advertises none. Raises `WireError` for bytes that are
 /// not an advert.
 #[pyfunction]
-pub(crate) fn decode_lease_advert(advert: &[u8]) -> PyResult<Option<(u64, u64, u32)>> {
-    let a = LeaseAdvert::decode(advert).map_err(errors::wire)?;
-    Ok(a.slots.map(|s| (s.addr, s.len, s.count)))
+pub(crate) fn decode_lease_advert(advert: &Bound<'_, PyAny>) -> PyResult<Option<(u64, u64, u32)>> {
+    with_bytes(advert, |advert| {
+        let a = LeaseAdvert::decode(advert).map_err(errors::wire)?;
+        Ok(a.slots.map(|s| (s.addr, s.len, s.count)))
+    })
 }
