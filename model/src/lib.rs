@@ -61,9 +61,10 @@
 //! - D's slot READ of a rank starts only after its block READs completed
 //!   (the READ is in flight from [`Action::StartRead`] to the last
 //!   [`Action::CheckSlot`]).
-//! - An engine that lost a worker grants nothing new until P restarts (its
-//!   scheduler would wait for the dead rank's reports forever: see
-//!   [`kvlease::PrefillScheduler::rank_lost`]).
+//! - An engine that lost a worker grants nothing new until P restarts. A
+//!   simplification: the real scheduler counts a lost rank as let go for
+//!   leases granted later too ([`kvlease::PrefillScheduler::rank_lost`]), so
+//!   the model does not explore leases granted while a rank is lost.
 //! - After a P restart D's READs and slot READs against the old instance
 //!   fail (its agent and registered memory are gone); requests are not
 //!   re-granted across instances.
@@ -211,7 +212,7 @@ impl Bound {
         ),
     ];
 
-    /// The longer local run (README): every fault in one model.
+    /// The longer local run (`docs/model-check.md`): every fault in one model.
     pub const LONG: Bound = Bound {
         requests: 2,
         slots: 1,

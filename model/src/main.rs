@@ -1,5 +1,5 @@
 //! `kvlease-model`: runs the protocol model check at a chosen bound (the
-//! README's longer local run). `ci` checks [`Bound::CI`], `long` (the
+//! longer local run of `docs/model-check.md`). `ci` checks [`Bound::CI`], `long` (the
 //! default) checks [`Bound::LONG`]; `key=value` arguments override a bound's
 //! fields (`requests`, `slots`, `drops`, `dups`, `heartbeats`, `d_crashes`,
 //! `rank_crashes`, `p_restarts`, `depth`) or set `threads`. Exits 1 when a
