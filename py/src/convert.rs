@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 /// `now` (seconds of a monotonic clock) as an [`Instant`]. Refuses what no
 /// clock reads: negative, NaN, infinite, or beyond 2^64 ns (584 years).
 pub(crate) fn instant(now: f64) -> PyResult<Instant> {
-    if !now.is_finite() || now < 0.0 || now >= 1.8e10 {
+    if !(0.0..1.8e10).contains(&now) {
         return Err(PyValueError::new_err(format!(
             "now must be a finite, non-negative number of seconds (got {now})"
         )));

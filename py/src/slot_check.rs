@@ -25,6 +25,10 @@ use crate::convert::{counters_dict, instant, nonce};
 use crate::decode::verdict_name;
 use crate::errors::raise;
 
+/// A slot READ for Python to post: `(xfer, peer, [(local_address,
+/// remote_offset, nbytes)])`.
+type PostedRead = (u64, u32, Vec<(usize, u64, u64)>);
+
 /// D's lease check after the block READs. See the module docs.
 #[pyclass(module = "kvlease._native")]
 pub(crate) struct SlotChecker {
@@ -158,7 +162,7 @@ impl SlotChecker {
     /// remote_offset, nbytes)])`: read `nbytes` from offset `remote_offset`
     /// of the peer's lease-slot array into `local_address`, without a
     /// notification, and report it with `complete(xfer, ok)`.
-    fn take_reads(&mut self) -> Vec<(u64, u32, Vec<(usize, u64, u64)>)> {
+    fn take_reads(&mut self) -> Vec<PostedRead> {
         let mut out = Vec::new();
         let fabric = &mut self.fabric;
         let mut posted = Vec::new();
