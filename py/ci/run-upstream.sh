@@ -10,6 +10,9 @@
 #               every test that passes on stock must pass here too, and at
 #               least one test must have called a substitute hook.
 #   all         (default) both, then the comparison.
+#   mutant      the negative control: test_nixl_heartbeat.py with
+#               mutant_connector (a worker that drops heartbeats and never
+#               reaps) must FAIL; this mode exits 0 only if it does.
 #
 #   py/ci/run-upstream.sh [stock|substitute|all] [SUBSTITUTE_MODULE]
 #
@@ -57,6 +60,17 @@ if [ "$mode" = substitute ] || [ "$mode" = all ]; then
         run_pytest "substitute-${sub_module}" -p kvlease_substitute \
         --kvlease-substitute="$sub_module" \
         --kvlease-report="${results}/substitute-${sub_module}.json"
+fi
+if [ "$mode" = mutant ]; then
+    echo "== negative control: vLLM's heartbeat tests with mutant_connector (must fail)"
+    if PYTHONPATH="${repo_root}/py/tests/upstream${PYTHONPATH:+:${PYTHONPATH}}" \
+        "$VLLM_ENV_PYTHON" -m pytest -q -p no:cacheprovider --timeout=300 \
+        -p kvlease_substitute --kvlease-substitute=mutant_connector \
+        tests/v1/kv_connector/unit/test_nixl_heartbeat.py; then
+        echo "mutant_connector passed vLLM's heartbeat tests: the substitution does not reach the worker"
+        exit 1
+    fi
+    echo "== negative control ok: the mutant worker fails vLLM's heartbeat tests"
 fi
 if [ "$mode" = all ]; then
     "$VLLM_ENV_PYTHON" "${repo_root}/py/tests/upstream/compare_runs.py" \

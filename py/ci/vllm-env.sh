@@ -21,6 +21,12 @@
 #
 #     eval "$(py/ci/vllm-env.sh)"
 #
+# KVLEASE_VLLM_NIXL_CU13=1 also installs nixl-cu13==1.5.1 --no-deps. Without
+# it, `import nixl` fails here (torch 2.14.0 from PyPI is a CUDA 13 build, and
+# the nixl meta package then asks for nixl_cu13), so vLLM logs "NIXL is not
+# available" and leaves vllm.distributed.nixl_utils.NixlWrapper None: tests use
+# nixl_cu12._api directly or patch it in. With it, vLLM finds nixl_cu13's agent.
+#
 # Progress and step durations go to stderr. Idempotent: each step leaves a stamp
 # (the hash of its inputs) and is skipped while the stamp matches; a second run
 # takes about a second.
@@ -35,6 +41,9 @@ set -euo pipefail
 VLLM_VERSION=0.34.0
 VLLM_SDIST_SHA256=fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113
 NIXL_SPECS=(nixl==1.5.1 nixl-cu12==1.5.1)
+if [ "${KVLEASE_VLLM_NIXL_CU13:-0}" = 1 ]; then
+    NIXL_SPECS+=(nixl-cu13==1.5.1)
+fi
 # Bump when the steps below change in a way the stamps cannot see.
 SCRIPT_REV=1
 
@@ -100,9 +109,9 @@ else
     step_end
     step_begin "2c. pip check (only vLLM's deliberately omitted requirements may be missing)"
     # Expected: vllm's GPU-only and unused requirements (see requirements-vllm.txt),
-    # and the nixl meta package's nixl-cu13 (we install nixl-cu12 as the issue says).
+    # and the nixl meta package's other variant (cu13, or cu12 when only cu13 is asked).
     unexpected="$("${venv}/bin/python" -m pip check 2>&1 \
-        | grep -v -E "^vllm ${VLLM_VERSION//./\\.} (requires|has requirement) |^nixl 1\.5\.1 requires nixl-cu13" \
+        | grep -v -E "^vllm ${VLLM_VERSION//./\\.} (requires|has requirement) |^nixl 1\.5\.1 requires nixl-cu1[23]" \
         | grep -v '^No broken requirements' || true)"
     if [ -n "$unexpected" ]; then
         log "error: the requirements closure is broken:"
