@@ -119,13 +119,23 @@ else
         exit 1
     fi
     step_end
-    step_begin "2d. import check (torch, vllm, the NIXL connector, nixl_cu12)"
-    VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES='' "${venv}/bin/python" - <<'PY' >&2
+    step_begin "2d. import check (torch, vllm, the NIXL connector, the NIXL agent class)"
+    # nixl_cu12 and nixl_cu13 cannot both be imported in one process (pybind11:
+    # 'type "nixl_thread_sync_t" is already registered'): with nixl-cu13 present,
+    # vLLM's import of nixl._api loads cu13, and everything must use that.
+    VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES='' KVLEASE_VLLM_NIXL_CU13="${KVLEASE_VLLM_NIXL_CU13:-0}" \
+        "${venv}/bin/python" - <<'PY' >&2
+import os
 import torch, vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnector
-from nixl_cu12._api import nixl_agent
+from vllm.distributed import nixl_utils
+if os.environ["KVLEASE_VLLM_NIXL_CU13"] == "1":
+    agent = nixl_utils.NixlWrapper
+    assert agent is not None and agent.__module__ == "nixl_cu13._api", agent
+else:
+    from nixl_cu12._api import nixl_agent as agent
 print(f"torch {torch.__version__} (cuda available: {torch.cuda.is_available()}), "
-      f"vllm {vllm.__version__}, {NixlPullConnector.__name__}, {nixl_agent.__module__}")
+      f"vllm {vllm.__version__}, {NixlPullConnector.__name__}, agent {agent.__module__}")
 PY
     step_end
     echo "$inputs_hash" > "${venv}/.kvlease-stamp"

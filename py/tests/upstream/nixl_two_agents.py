@@ -13,7 +13,7 @@ with the read-done notification attached to the READ, then a standalone
 Exit status 0 only if every run moved the right words and delivered both
 notifications. Timing is printed for information, never asserted.
 
-Why nixl_cu12._api and not nixl._api: torch 2.14.0 from PyPI is a CUDA 13
+Why nixl_cu12._api and not nixl._api, by default: torch 2.14.0 from PyPI is a CUDA 13
 build, and the ``nixl`` meta package picks ``nixl_cu<major of torch's CUDA>``,
 so ``import nixl`` asks for nixl-cu13 while the environment has nixl-cu12
 (as issue 20 specifies). vLLM's own import (vllm.distributed.nixl_utils) fails
@@ -58,13 +58,17 @@ def make_agent(api, name: str, tls: str):
 def one_run(tls: str) -> None:
     import torch
 
+    # nixl_cu12 and nixl_cu13 cannot share a process (pybind11 registers the
+    # same types twice), so use the meta package when it resolves (nixl-cu13
+    # installed, KVLEASE_VLLM_NIXL_CU13=1) and nixl_cu12 directly otherwise.
     try:
-        import nixl._api  # noqa: F401
+        from nixl import _api as api
 
-        meta_note = "nixl._api imports"
+        meta_note = f"via nixl._api = {api.__name__}"
     except ImportError as e:
-        meta_note = f"nixl._api does not import ({e})"
-    from nixl_cu12 import _api as api
+        from nixl_cu12 import _api as api
+
+        meta_note = f"via nixl_cu12._api; nixl._api does not import ({e})"
 
     t0 = time.perf_counter()
     p = make_agent(api, "P", tls)
