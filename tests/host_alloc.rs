@@ -1,3 +1,4 @@
+#![cfg(not(loom))]
 //! The host fabric's steady step makes no heap allocation: the lease
 //! verifier posting one slot READ per P rank, the host taking the READs,
 //! performing them (here: a copy from the P's slot array, what NIXL does)
