@@ -177,7 +177,7 @@ impl Replay {
                     .collect();
                 msg.extend_from_slice(names.join(",").as_bytes());
                 if let Some(rank) = self.ranks[usize::from(rank)].as_mut() {
-                    rank.on_notification(&msg, self.now)
+                    rank.on_notification("d0", &msg, self.now)
                         .map_err(|e| format!("heartbeat refused: {e}"))?;
                 }
             }
@@ -195,7 +195,7 @@ impl Replay {
                 .map_err(|e| format!("read-done encode: {e}"))?;
                 let msg = self.buf[..n].to_vec();
                 if let Some(rank) = self.ranks[usize::from(rank)].as_mut() {
-                    rank.on_notification(&msg, self.now)
+                    rank.on_notification("d0", &msg, self.now)
                         .map_err(|e| format!("read-done refused: {e}"))?;
                 }
                 self.pump()?;
