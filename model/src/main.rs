@@ -1,13 +1,15 @@
 //! `kvlease-model`: runs the protocol model check at a chosen bound (the
 //! README's longer local run). `ci` checks [`Bound::CI`], `long` (the
 //! default) checks [`Bound::LONG`]; `key=value` arguments override a bound's
-//! fields (`requests`, `slots`, `drops`, `dups`, `heartbeats`, `d_crashes`,
-//! `rank_crashes`, `p_restarts`, `depth`) or set `threads`. Exits 1 when a
+//! fields (`requests`, `slots`, `d_tp`, `drops`, `dups`, `heartbeats`,
+//! `directive_losses`, `cancels`, `d_crashes`, `rank_crashes`, `p_restarts`,
+//! `depth`) or set `threads`. Exits 1 when a
 //! property fails (the counterexample is printed), 2 on a bad argument.
 //!
 //! ```text
 //! cargo run -p kvlease-model --release -- long
 //! cargo run -p kvlease-model --release -- long requests=3 slots=2 depth=40
+//! cargo run -p kvlease-model --release -- ci d_tp=4 heartbeats=1
 //! ```
 
 use std::process::ExitCode;
@@ -35,6 +37,9 @@ fn main() -> ExitCode {
                     let field = match key {
                         "requests" => &mut b.requests,
                         "slots" => &mut b.slots,
+                        "d_tp" => &mut b.d_tp,
+                        "directive_losses" => &mut b.directive_losses,
+                        "cancels" => &mut b.cancels,
                         "drops" => &mut b.drops,
                         "dups" => &mut b.dups,
                         "heartbeats" => &mut b.heartbeats,
@@ -67,8 +72,8 @@ fn main() -> ExitCode {
     }
     let mut failed = false;
     for (name, bound) in runs {
-        if bound.requests == 0 || bound.slots == 0 {
-            eprintln!("requests and slots must be at least 1");
+        if let Err(e) = bound.check() {
+            eprintln!("{e}");
             return ExitCode::from(2);
         }
         let report = check(ProtocolModel::new(bound, None), threads);
