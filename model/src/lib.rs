@@ -243,8 +243,7 @@ pub const PROP_FREE_HELD: &str = "blocks are never freed while a rank still hold
 pub const PROP_READERS_DONE: &str =
     "a rank lets a lease go for read-done only after every reader of it finished its READ";
 /// Liveness: a cancel that reached every rank ends the lease.
-pub const PROP_LIVE_CANCEL: &str =
-    "a lease whose Cancel reached every rank is eventually freed";
+pub const PROP_LIVE_CANCEL: &str = "a lease whose Cancel reached every rank is eventually freed";
 /// Liveness: after a D crash, every block is freed.
 pub const PROP_LIVE_D_CRASH: &str =
     "after a D crash every block is eventually freed (but a lease a rank missed the Grant of, never cancelled)";
@@ -333,8 +332,10 @@ impl Bound {
 
     /// What `cargo test -p kvlease-model --release` checks, each to the end
     /// of its state space (the depth bound is never reached): the network's
-    /// faults, the process faults, and the engine's topology and directives.
-    /// Every property, every mutant.
+    /// faults; the process faults, with a cancel; and the engine's topology
+    /// (two D readers per P rank) with a lost directive, a cancel and the
+    /// network's faults. Every property, every mutant. Sized for the CI
+    /// step's time (README: state counts and times).
     pub const CI: [(&'static str, Bound); 3] = [
         (
             "network: loss, duplication, reordering",
@@ -345,8 +346,9 @@ impl Bound {
             },
         ),
         (
-            "processes: D crash, P rank crash, P restart",
+            "processes: D crash, P rank crash, P restart, cancel",
             Bound {
+                cancels: 1,
                 d_crashes: 1,
                 rank_crashes: 1,
                 p_restarts: 1,
@@ -354,10 +356,11 @@ impl Bound {
             },
         ),
         (
-            "engine: two D readers per P rank, a duplicated read-done, cancel, a lost directive",
+            "engine: D TP 4 (two readers per P rank), a lost directive, cancel, loss, duplication",
             Bound {
                 requests: 1,
                 d_tp: 4,
+                drops: 1,
                 dups: 1,
                 directive_losses: 1,
                 cancels: 1,
@@ -1060,26 +1063,19 @@ impl ProtocolModel {
     }
 }
 
-impl Model for ProtocolModel {
-    type State = State;
-    type Action = Action;
-
-    fn init_states(&self) -> Vec<State> {
-        vec![self.initial()]
-    }
-
-    fn actions(&self, s: &State, out: &mut Vec<Action>) {
+impl ProtocolModel {
+    /// Every action of the model's alphabet that may apply to `s` (the
+    /// network's only for messages in flight): what [`Model::actions`]
+    /// filters with [`ProtocolModel::plausible`].
+    pub fn candidate_actions(&self, s: &State, out: &mut Vec<Action>) {
         let n = self.bound.requests;
-        let losses = s.budget.directive_losses > 0;
         for i in 0..n {
             out.push(Action::Grant(i));
             out.push(Action::Cancel(i));
             out.push(Action::FreeBlocks(i));
             for r in 0..RANKS as u8 {
-                if losses {
-                    out.push(Action::GrantMissedBy(i, r));
-                    out.push(Action::CancelMissedBy(i, r));
-                }
+                out.push(Action::GrantMissedBy(i, r));
+                out.push(Action::CancelMissedBy(i, r));
             }
             for w in 0..self.bound.d_tp {
                 out.push(Action::StartRead(i, w));
@@ -1106,6 +1102,65 @@ impl Model for ProtocolModel {
             out.push(Action::Drop(*m));
             out.push(Action::Duplicate(*m));
         }
+    }
+
+    /// A cheap necessary condition for `a` to be enabled in `s` (each a
+    /// first guard of [`Model::next_state`]), so that the checker does not
+    /// clone the state for the many actions that cannot apply. Never false
+    /// for an enabled action: `model/tests/replay.rs` checks that on every
+    /// state its walks visit.
+    pub fn plausible(&self, s: &State, a: Action) -> bool {
+        let held = |i: u8| {
+            s.sched.leases[usize::from(i)].is_some_and(|l| l.phase == Phase::Held)
+                && s.budget.cancels > 0
+        };
+        let worker = |i: u8, w: u8| match &s.d.reqs[usize::from(i)] {
+            DReq::Tracked { workers, .. } if s.d.alive => Some(workers[usize::from(w)]),
+            _ => None,
+        };
+        let losses = s.budget.directive_losses > 0;
+        match a {
+            Action::Grant(i) => s.sched.leases[usize::from(i)].is_none(),
+            Action::GrantMissedBy(i, r) => {
+                losses && s.ranks[usize::from(r)].alive && s.sched.leases[usize::from(i)].is_none()
+            }
+            Action::Cancel(i) => held(i),
+            Action::CancelMissedBy(i, r) => losses && s.ranks[usize::from(r)].alive && held(i),
+            Action::RankLost(r) => s.sched.lost_pending[usize::from(r)],
+            Action::FreeBlocks(i) => s.sched.leases[usize::from(i)]
+                .is_some_and(|l| matches!(l.phase, Phase::Drained { .. })),
+            Action::Poll(r) => {
+                let rank = &s.ranks[usize::from(r)];
+                rank.alive
+                    && (!rank.deferred_zero.is_empty()
+                        || rank.held.iter().flatten().any(|l| l.left == 0))
+            }
+            Action::Tick => true,
+            Action::Heartbeat => s.d.alive && s.d.hb_due && s.budget.heartbeats > 0,
+            Action::StartRead(i, w) => worker(i, w) == Some(Worker::Idle),
+            Action::CheckSlot(i, w, _) => matches!(worker(i, w), Some(Worker::Reading { .. })),
+            Action::Deliver(_) => true,
+            Action::Drop(_) => s.budget.drops > 0,
+            Action::Duplicate(_) => s.budget.dups > 0,
+            Action::CrashD => s.d.alive && s.budget.d_crashes > 0,
+            Action::CrashRank(r) => s.ranks[usize::from(r)].alive && s.budget.rank_crashes > 0,
+            Action::RestartP => s.budget.p_restarts > 0,
+        }
+    }
+}
+
+impl Model for ProtocolModel {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![self.initial()]
+    }
+
+    fn actions(&self, s: &State, out: &mut Vec<Action>) {
+        let mut all = Vec::with_capacity(64 + 3 * s.net.len());
+        self.candidate_actions(s, &mut all);
+        out.extend(all.into_iter().filter(|a| self.plausible(s, *a)));
     }
 
     fn next_state(&self, s: &State, a: Action) -> Option<State> {
@@ -1507,54 +1562,55 @@ impl ProtocolModel {
 /// already, but when the mutant counts per rank). Removing them removes only
 /// no-op steps.
 fn normalize(s: &mut State, mutant: Option<Mutant>) {
-    let mut kept = BTreeMap::new();
-    for (m, count) in std::mem::take(&mut s.net) {
-        let m = match m {
-            Msg::Params { .. } if !s.d.alive => continue,
-            Msg::Params { req, .. } if s.d.reqs[usize::from(req)] != DReq::Unknown => continue,
-            Msg::Heartbeat { epoch, rank, reqs } => {
-                let rank_state = &s.ranks[usize::from(rank)];
-                if epoch != s.sched.epoch || !rank_state.alive {
-                    continue;
+    // Edited in place: most steps change nothing here, and rebuilding the
+    // map for every successor was a good part of the checker's time.
+    let mut narrowed: Vec<(Msg, u8)> = Vec::new();
+    let (ranks, d, epoch) = (&s.ranks, &s.d, s.sched.epoch);
+    s.net.retain(|m, count| match *m {
+        Msg::Params { req, .. } => d.alive && d.reqs[usize::from(req)] == DReq::Unknown,
+        Msg::Heartbeat {
+            epoch: e,
+            rank,
+            reqs,
+        } => {
+            let rank_state = &ranks[usize::from(rank)];
+            if e != epoch || !rank_state.alive {
+                return false;
+            }
+            let mut live = 0u8;
+            for (i, h) in rank_state.held.iter().enumerate() {
+                if h.is_some() && reqs & (1 << i) != 0 {
+                    live |= 1 << i;
                 }
-                let mut live = 0u8;
-                for (i, h) in rank_state.held.iter().enumerate() {
-                    if h.is_some() && reqs & (1 << i) != 0 {
-                        live |= 1 << i;
-                    }
-                }
-                if live == 0 {
-                    continue;
-                }
-                Msg::Heartbeat {
-                    epoch,
+            }
+            if live != reqs && live != 0 {
+                let m = Msg::Heartbeat {
+                    epoch: e,
                     rank,
                     reqs: live,
-                }
-            }
-            Msg::ReadDone {
-                rank,
-                req,
-                nonce,
-                sender,
-            } => {
-                let rank_state = &s.ranks[usize::from(rank)];
-                let counted = |l: &RLease| {
-                    l.readers & (1 << sender) != 0 && mutant != Some(Mutant::CountPerRank)
                 };
-                if nonce.epoch != s.sched.epoch
-                    || !rank_state.alive
-                    || rank_state.held[usize::from(req)].is_none_or(|l| l.nonce != nonce || counted(&l))
-                {
-                    continue;
-                }
-                m
+                narrowed.push((m, *count));
             }
-            m => m,
-        };
-        *kept.entry(m).or_insert(0) += count;
+            live == reqs
+        }
+        Msg::ReadDone {
+            rank,
+            req,
+            nonce,
+            sender,
+        } => {
+            let rank_state = &ranks[usize::from(rank)];
+            let counted =
+                |l: &RLease| l.readers & (1 << sender) != 0 && mutant != Some(Mutant::CountPerRank);
+            nonce.epoch == epoch
+                && rank_state.alive
+                && rank_state.held[usize::from(req)]
+                    .is_some_and(|l| l.nonce == nonce && !counted(&l))
+        }
+    });
+    for (m, count) in narrowed {
+        *s.net.entry(m).or_insert(0) += count;
     }
-    s.net = kept;
 }
 
 fn leases(s: &State) -> impl Iterator<Item = &SLease> {

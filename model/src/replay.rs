@@ -271,8 +271,13 @@ impl Replay {
         let DReq::Tracked { pull, workers } = before.d.reqs[i] else {
             return Err(format!("model checked request {i} while D did not know it"));
         };
-        let Worker::Reading { checks: earlier, .. } = workers[w] else {
-            return Err(format!("model checked request {i} while worker {w} was not reading"));
+        let Worker::Reading {
+            checks: earlier, ..
+        } = workers[w]
+        else {
+            return Err(format!(
+                "model checked request {i} while worker {w} was not reading"
+            ));
         };
         let Some(slot) = pull.slot else {
             return Err("model checked a slot-less pull".into());
