@@ -3,7 +3,8 @@
 //! default) checks [`Bound::LONG`]; `key=value` arguments override a bound's
 //! fields (`requests`, `slots`, `d_tp`, `drops`, `dups`, `heartbeats`,
 //! `directive_losses`, `cancels`, `d_crashes`, `rank_crashes`, `p_restarts`,
-//! `depth`) or set `threads`. Exits 1 when a
+//! `depth`) or set `threads`; `examples` prints the trace of every
+//! `sometimes` property seen (the shortest run that shows it). Exits 1 when a
 //! property fails (the counterexample is printed), 2 on a bad argument.
 //!
 //! ```text
@@ -19,10 +20,12 @@ use kvlease_model::{check, Bound, ProtocolModel};
 fn main() -> ExitCode {
     let mut runs: Vec<(&str, Bound)> = vec![("long: every fault at once", Bound::LONG)];
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut examples = false;
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "ci" => runs = Bound::CI.to_vec(),
             "long" => runs = vec![("long: every fault at once", Bound::LONG)],
+            "examples" => examples = true,
             kv => {
                 let Some((key, value)) = kv.split_once('=') else {
                     eprintln!("unknown argument {kv:?} (ci, long, or key=value)");
@@ -87,6 +90,14 @@ fn main() -> ExitCode {
         }
         let seen: Vec<&str> = report.discoveries.keys().copied().collect();
         println!("  seen: {seen:?}");
+        if examples {
+            for name in seen.iter().filter(|n| !report.violations().contains(n)) {
+                println!(
+                    "example: {name}\n{}",
+                    report.trace(name).unwrap_or_default()
+                );
+            }
+        }
     }
     if failed {
         ExitCode::from(1)
