@@ -1,6 +1,6 @@
 //! An engine worker that owns its NIXL agent and its handshake, with
-//! kvlease plugged into both (the README's "Embedding in the engine's NIXL
-//! agent"). Run it with the NIXL runtime on `LD_LIBRARY_PATH`
+//! kvlease plugged into both (`docs/embedding.md`, "On the engine's own NIXL
+//! agent and handshake"). Run it with the NIXL runtime on `LD_LIBRARY_PATH`
 //! (`eval "$(.ci/nixl-runtime.sh | tail -1)"`):
 //!
 //! ```text

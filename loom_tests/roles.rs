@@ -88,7 +88,11 @@ fn verified_read_implies_the_rank_held_the_blocks() {
         block.store(NEW, Ordering::Release);
         sched.blocks_freed(ticket.expect("a verifiable lease has a slot"));
         let g2 = sched.grant("req-b", Instant::ZERO).unwrap();
-        assert_eq!(g2.slot, Some(lease.slot), "the slot is reused");
+        assert_eq!(
+            g2.fields.map(|f| f.slot),
+            Some(lease.slot),
+            "the slot is reused"
+        );
 
         worker.join().unwrap();
         decoder.join().unwrap();

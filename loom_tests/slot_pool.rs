@@ -119,7 +119,7 @@ fn reader_sees_old_nonce_only_with_old_block() {
         // ...frees them, and the slot is granted again.
         book.blocks_freed(ticket.unwrap());
         let g2 = book.grant("req-b", Instant::ZERO).unwrap();
-        assert_eq!(g2.slot, Some(slot));
+        assert_eq!(g2.fields.map(|f| f.slot), Some(slot));
 
         reader.join().unwrap();
     });

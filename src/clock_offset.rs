@@ -186,8 +186,8 @@ impl ClockOffset {
     }
 
     /// What it did so far.
-    pub fn counters(&self) -> &ClockOffsetCounters {
-        &self.counters
+    pub fn counters(&self) -> ClockOffsetCounters {
+        self.counters
     }
 
     /// Whether any sample was adopted.

@@ -238,8 +238,8 @@ impl ClockPinger {
     }
 
     /// What it saw so far.
-    pub fn counters(&self) -> &PingerCounters {
-        &self.counters
+    pub fn counters(&self) -> PingerCounters {
+        self.counters
     }
 
     /// Whether a ping is due at `now` (never pinged, or `interval` passed).

@@ -79,6 +79,22 @@ impl core::ops::Sub<Duration> for Instant {
     }
 }
 
+impl core::ops::Sub<Instant> for Instant {
+    type Output = Duration;
+    /// How long after `earlier` this instant is, zero when it is not later
+    /// (as `std::time::Instant` does): [`Instant::saturating_duration_since`].
+    ///
+    /// ```
+    /// use kvlease::Instant;
+    /// use std::time::Duration;
+    /// assert_eq!(Instant::from_secs(5) - Instant::from_secs(2), Duration::from_secs(3));
+    /// assert_eq!(Instant::from_secs(2) - Instant::from_secs(5), Duration::ZERO);
+    /// ```
+    fn sub(self, earlier: Instant) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+}
+
 /// A duration in whole nanoseconds, saturating at `u64::MAX`.
 pub(crate) fn duration_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)

@@ -4,7 +4,7 @@
 //! tracker `due` feeding two D ranks' senders over P TP 1, 2 and 4 with
 //! deferred, failing and compact peers) allocate exactly nothing. Also
 //! measures what the tracker reserves at construction per tracked request,
-//! the figure the README gives for `kv_lease_max_tracked_requests`.
+//! the figure `docs/embedding.md` gives for `kv_lease_max_tracked_requests`.
 //!
 //! A counting `#[global_allocator]` counts allocations made on the test's
 //! own thread while armed (a thread-local flag, so the harness's threads do
@@ -161,9 +161,9 @@ fn steady_state_d_steps_allocate_nothing() {
     });
     let (allocs, bytes) = (counts.allocs, counts.bytes);
     // Make sure the run exercised what it claims to.
-    let tc = *tracker.counters();
-    let c0 = *senders[0].counters();
-    let c1 = *senders[1].counters();
+    let tc = tracker.counters();
+    let c0 = senders[0].counters();
+    let c1 = senders[1].counters();
     eprintln!("tracker: {tc:?}");
     eprintln!("rank 0: {c0:?}");
     eprintln!("rank 1: {c1:?}");
@@ -193,12 +193,12 @@ fn steady_state_d_steps_allocate_nothing() {
     );
 }
 
-/// The README's memory figure for D's tracking capacity: what
+/// The memory figure `docs/embedding.md` gives for D's tracking capacity: what
 /// `HeartbeatTracker::new` allocates per tracked request (the slope between
 /// two capacities, so the per-engine part cancels) and in all with the
 /// default config (65,536 requests, 64 engines, 128-byte ids).
 #[test]
-fn tracker_memory_per_request_matches_the_readme() {
+fn tracker_memory_per_request_matches_the_docs() {
     let shape = EngineShape {
         num_kv_blocks: 1024,
         max_num_seqs: 64,
@@ -217,7 +217,7 @@ fn tracker_memory_per_request_matches_the_readme() {
     assert_eq!(default.max_request_id_len, 128);
     let per_request =
         |id_len| (bytes(2 * 65_536, id_len) - bytes(65_536, id_len)) as f64 / 65_536.0;
-    // README, "Configuration": about 383 B per request (128-byte ids), 191 B
+    // docs/embedding.md, "Configuration": about 383 B per request (128-byte ids), 191 B
     // with ids of at most 64 bytes; 25.2 MB for the default.
     let (p128, p64) = (per_request(128), per_request(64));
     let (tracker, total) = count_allocs(|| HeartbeatTracker::new(&default, 1).expect("tracker"));

@@ -215,8 +215,8 @@ fn the_d_split_allocates_nothing_per_step() {
         }
     });
     let (allocs, bytes) = (counts.allocs, counts.bytes);
-    let tc = *tracker.counters();
-    let (c0, c1) = (*workers[0].counters(), *workers[1].counters());
+    let tc = tracker.counters();
+    let (c0, c1) = (workers[0].counters(), workers[1].counters());
     eprintln!("tracker: {tc:?}");
     eprintln!("rank 0: {c0:?}");
     eprintln!("rank 1: {c1:?}");
@@ -274,7 +274,7 @@ fn verifier_steps_over_loopback_allocate_nothing() {
     let mut held = Vec::with_capacity(3000);
     for i in 0..3000 {
         let g = book.grant(&format!("held-{i}"), now).unwrap();
-        held.push(LeaseFields::from_params(g.slot, Some(g.nonce.as_int64())).unwrap());
+        held.push(g.fields.unwrap());
     }
     let mut verifier =
         LeaseVerifier::new(&mut d, &kvlease::testkit::verifier_config(64, 4)).unwrap();

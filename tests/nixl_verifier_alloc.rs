@@ -120,14 +120,14 @@ fn verifier_slot_reads_allocate_nothing_after_warm_up() {
     for _ in 0..WARM_UP {
         step(&mut v, &mut p, &mut d);
     }
-    let before = (*v.counters(), d.stats());
+    let before = (v.counters(), d.stats());
     counting_alloc::self_check();
     let ((), counts) = count_allocs(|| {
         for _ in 0..STEPS {
             step(&mut v, &mut p, &mut d);
         }
     });
-    let (after, stats) = (*v.counters(), d.stats());
+    let (after, stats) = (v.counters(), d.stats());
     let reads = after.slot_reads - before.0.slot_reads;
     let misses = stats.request_cache_misses - before.1.request_cache_misses;
     let hits = stats.request_cache_hits - before.1.request_cache_hits;

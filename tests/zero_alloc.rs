@@ -59,7 +59,7 @@ fn p_side_steps_allocate_nothing_after_construction() {
                 0 | 1 => {
                     if let Ok(g) = book.grant(id, now) {
                         nonces[k] = Some(g.nonce);
-                        slots[k] = g.slot;
+                        slots[k] = g.fields.map(|f| f.slot);
                     }
                 }
                 2 => {

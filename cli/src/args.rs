@@ -123,7 +123,8 @@ pub struct SimArgs {
     pub p_tp: u32,
 
     /// Tensor-parallel size (workers) of every D engine. P TP and D TP must
-    /// divide one another; a D worker reads from at most 8 P ranks.
+    /// divide one another; a D worker reads from at most 16 P ranks (the
+    /// default kv_lease_max_fan_out).
     #[arg(long, default_value_t = 1)]
     pub d_tp: u32,
 

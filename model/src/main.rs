@@ -1,5 +1,5 @@
 //! `kvlease-model`: runs the protocol model check at a chosen bound (the
-//! README's longer local run). `ci` checks [`Bound::CI`], `long` (the
+//! longer local run of `docs/model-check.md`). `ci` checks [`Bound::CI`], `long` (the
 //! default) checks [`Bound::LONG`]; `key=value` arguments override a bound's
 //! fields (`requests`, `slots`, `d_tp`, `drops`, `dups`, `heartbeats`,
 //! `directive_losses`, `cancels`, `d_crashes`, `rank_crashes`, `p_restarts`,
@@ -18,13 +18,14 @@ use std::process::ExitCode;
 use kvlease_model::{check, Bound, ProtocolModel};
 
 fn main() -> ExitCode {
-    let mut runs: Vec<(&str, Bound)> = vec![("long: every fault at once", Bound::LONG)];
+    let mut runs: Vec<(&str, Bound)> =
+        vec![("long: the network and process faults at once", Bound::LONG)];
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut examples = false;
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "ci" => runs = Bound::CI.to_vec(),
-            "long" => runs = vec![("long: every fault at once", Bound::LONG)],
+            "long" => runs = vec![("long: the network and process faults at once", Bound::LONG)],
             "examples" => examples = true,
             kv => {
                 let Some((key, value)) = kv.split_once('=') else {

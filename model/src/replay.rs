@@ -172,12 +172,13 @@ impl Replay {
             .grant(&self.ids[i], self.now)
             .map_err(|e| format!("real grant of request {i} refused: {e}"))?;
         let want = after.sched.leases[i].ok_or("model did not grant")?;
-        if g.slot != want.slot.map(u32::from)
+        if g.fields.map(|f| f.slot) != want.slot.map(u32::from)
             || g.nonce != nonce_of(want.nonce.epoch, want.nonce.draw)
         {
             return Err(format!(
                 "grant {i}: real slot {:?} nonce {:?}, model {want:?}",
-                g.slot, g.nonce
+                g.fields.map(|f| f.slot),
+                g.nonce
             ));
         }
         self.directives(missed)
@@ -227,7 +228,7 @@ impl Replay {
                     .collect();
                 msg.extend_from_slice(names.join(",").as_bytes());
                 if let Some(rank) = self.ranks[usize::from(rank)].as_mut() {
-                    rank.on_notification("d0", &msg, self.now)
+                    rank.on_notification("decode", &msg, self.now)
                         .map_err(|e| format!("heartbeat refused: {e}"))?;
                 }
             }

@@ -8,7 +8,7 @@
 //! Why a `String` and not `[u8]`: the tracker hands ids out as `&str` on its
 //! hottest path, and re-validating UTF-8 there (std's `from_utf8`) cost
 //! several times the whole per-request budget (measured with
-//! `benches/tracker.rs`; figure in the README's "Benchmarks").
+//! `benches/tracker.rs`; figure in `docs/benchmarks.md`).
 //! A `str` slice costs two char-boundary checks instead.
 //!
 //! The rule: the arena is full of NUL characters at construction, and a slot

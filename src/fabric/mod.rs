@@ -34,6 +34,7 @@ use crate::time::Instant;
 use std::sync::Arc;
 
 pub mod advert;
+pub mod host;
 mod landing;
 pub mod loopback;
 #[cfg(all(feature = "nixl", not(loom)))]

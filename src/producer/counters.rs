@@ -202,9 +202,9 @@ pub struct BookCounters {
 
 impl BookCounters {
     /// The scheduler's counts plus every rank's, summed.
-    pub(crate) fn combine<'a>(
-        s: &SchedulerCounters,
-        ranks: impl IntoIterator<Item = &'a RankCounters>,
+    pub(crate) fn combine(
+        s: SchedulerCounters,
+        ranks: impl IntoIterator<Item = RankCounters>,
         read_done_bad_rank: u64,
     ) -> BookCounters {
         let mut b = BookCounters {

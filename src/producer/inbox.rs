@@ -11,7 +11,7 @@ use crate::wire::{self, Notification, WireError};
 
 /// What one notification did: on a rank (`R` = [`ShareOutcome`], about the
 /// rank's share) or on a [`crate::LeaseBook`] (`R` =
-/// [`crate::ReadDoneOutcome`], about the whole lease).
+/// [`crate::producer::ReadDoneOutcome`], about the whole lease).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InboxSummary<R = ShareOutcome> {
     /// Leases renewed (fully or up to their max-hold ceiling).

@@ -19,7 +19,8 @@
 //! The unslotted range is as large as the lease capacity, because every live
 //! lease may be unslotted (the pool may be empty while freed blocks' tickets
 //! are still out). That doubles the per-entry arrays when slots are on; the
-//! README gives the bytes per entry.
+//! bytes per entry are in `docs/embedding.md`, "Limits and degraded
+//! behaviour".
 
 use crate::config::LeaseConfig;
 

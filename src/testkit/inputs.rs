@@ -109,8 +109,10 @@ pub fn slot_word_descs(
         .collect()
 }
 
-/// Writes `nonce` into `slot` of a remote slot array, as a P rank's grant
-/// does (the verifier's tests stand in for P).
+/// Makes `slot` of a remote slot array hold `nonce`, as a P rank's release
+/// (zeroing) and next grant (publishing) do; the verifier's tests stand in
+/// for P.
 pub fn publish_slot(slots: &LeaseSlots, slot: u32, nonce: u64) {
+    slots.clear(slot);
     slots.publish(slot, nonce);
 }

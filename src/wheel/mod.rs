@@ -48,7 +48,7 @@
 //! in which deadline and `elapsed` differ. Every lease that is renewed across
 //! a level boundary then lands in the *same* upper slot, and the whole book
 //! cascades in one poll when that boundary passes (`benches/wheel.rs`
-//! measures the pause; the README's "Benchmarks" has the figures). With placement
+//! measures the pause; `docs/benchmarks.md` has the figures). With placement
 //! by distance and a near level that covers the lease horizon, a lease is
 //! placed at its exact tick, and the work of a poll is the leases that expire
 //! or were renewed at that tick: spread as evenly as the grants were.

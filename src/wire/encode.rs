@@ -245,6 +245,72 @@ pub fn encode_read_done(
     }
 }
 
+/// Which read-done a peer gets: chosen from what it advertised, never from
+/// what we would like to send.
+///
+/// A stock vLLM P splits a read-done at its *last* `:` and looks the front
+/// up as a request id: `cmpl-1:1:nonce=00ab...` names no request there, so
+/// it holds the blocks until the lease expires (and an `HBC:` is an unknown
+/// id to it as well). Only a P that exports lease slots speaks the nonce
+/// form; everyone else gets vLLM's `id:consumers`. The nonce is what lets a
+/// kvlease P drop a late read-done of an earlier request with the same id,
+/// so it is sent whenever the peer can read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadDoneForm {
+    /// vLLM's `id:consumers`: to peers that advertise no lease slots.
+    Plain,
+    /// `id:consumers:nonce=<16 hex>`: to peers that export lease slots.
+    WithNonce,
+}
+
+impl ReadDoneForm {
+    /// The form for a peer that does (`true`) or does not advertise lease
+    /// slots: [`crate::fabric::PeerInfo::slot_region`] being set, or
+    /// `LeaseAdvert::slots` in an engine's own handshake.
+    pub const fn for_peer(advertises_lease_slots: bool) -> ReadDoneForm {
+        if advertises_lease_slots {
+            ReadDoneForm::WithNonce
+        } else {
+            ReadDoneForm::Plain
+        }
+    }
+
+    /// The form for a peer whose handshake completed with `info`.
+    pub const fn for_peer_info(info: &crate::fabric::PeerInfo) -> ReadDoneForm {
+        ReadDoneForm::for_peer(info.slot_region.is_some())
+    }
+}
+
+/// Encodes the read-done a peer can read ([`ReadDoneForm`]): with the
+/// lease's nonce only in [`ReadDoneForm::WithNonce`] (and only if there is
+/// one), vLLM's `id:consumers` otherwise. Errors as [`encode_read_done`].
+///
+/// ```
+/// use kvlease::wire::{encode_read_done_for, ReadDoneForm};
+/// use kvlease::Nonce;
+///
+/// let nonce = Nonce::new(0xab);
+/// let mut buf = [0u8; 64];
+/// let n = encode_read_done_for(ReadDoneForm::for_peer(false), "cmpl-1", 2, nonce, &mut buf)?;
+/// assert_eq!(&buf[..n], b"cmpl-1:2", "a stock vLLM P only ever gets id:consumers");
+/// let n = encode_read_done_for(ReadDoneForm::for_peer(true), "cmpl-1", 2, nonce, &mut buf)?;
+/// assert_eq!(&buf[..n], b"cmpl-1:2:nonce=00000000000000ab");
+/// # Ok::<(), kvlease::wire::WireError>(())
+/// ```
+pub fn encode_read_done_for(
+    form: ReadDoneForm,
+    request_id: &str,
+    consumers: u32,
+    nonce: Option<Nonce>,
+    out: &mut [u8],
+) -> Result<usize, WireError> {
+    let nonce = match form {
+        ReadDoneForm::WithNonce => nonce,
+        ReadDoneForm::Plain => None,
+    };
+    encode_read_done(request_id, consumers, nonce, out)
+}
+
 /// A write cursor over a caller buffer that reports overflow instead of
 /// panicking.
 pub(super) struct Cursor<'b> {

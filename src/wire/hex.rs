@@ -3,7 +3,7 @@
 //!
 //! The comma search stays ours rather than `memchr`'s: on 40-byte ids
 //! memchr's setup costs more than it saves (heartbeat encoding +25 %,
-//! decoding within noise, `benches/wire.rs`; figures in the README).
+//! decoding within noise, `benches/wire.rs`; `docs/benchmarks.md`).
 
 use super::*;
 

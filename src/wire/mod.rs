@@ -70,6 +70,12 @@
 //! <request_id>:<consumers>:nonce=<16 hex digits>
 //! ```
 //!
+//! Sent only to a peer that exports lease slots: [`ReadDoneForm`] picks the
+//! form from what the peer advertised, and [`encode_read_done_for`] writes
+//! it (a stock vLLM P, which splits at the last `:`, would look up
+//! `id:consumers` as the request id, find nothing, and hold the blocks until
+//! the lease expires).
+//!
 //! Form 2 followed by `:nonce=` and the lease nonce as exactly 16 hex digits,
 //! most significant first (`{:016x}`). Encoders write lowercase; the decoder
 //! accepts either case. The digits are the nonce's 64 bits, unsigned: the
@@ -473,6 +479,6 @@ mod tests;
 pub use decode::decode;
 pub use encode::{
     check_heartbeat_id, encode_compact_heartbeats, encode_heartbeats, encode_read_done,
-    read_done_len, EncodeStats,
+    encode_read_done_for, read_done_len, EncodeStats, ReadDoneForm,
 };
 use hex::{find_comma, hex8_value, record_words};

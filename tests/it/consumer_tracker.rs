@@ -340,7 +340,7 @@ fn capacity_exhaustion_is_typed_and_counted() {
         t.on_new_request("d1", &params("engA", "p1"), T0),
         Err(TrackError::Duplicate)
     );
-    let c = *t.counters();
+    let c = t.counters();
     assert_eq!(c.refused_engines_full, 1);
     assert_eq!(c.refused_requests_full, 1);
     assert_eq!(c.refused_duplicate, 1);

@@ -133,7 +133,7 @@ fn the_plan_carries_exactly_what_due_hands_out() {
     }
     assert!(owed_steps > 50, "owed engines were planned: {owed_steps}");
     assert!(gone_steps > 50, "gone notices were sent: {gone_steps}");
-    let (ca, cb) = (*a.counters(), *b.counters());
+    let (ca, cb) = (a.counters(), b.counters());
     assert_eq!(
         (
             ca.engines_due,

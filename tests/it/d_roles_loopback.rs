@@ -179,7 +179,7 @@ impl Deployment {
     /// fields unless `drop_fields` (a router lost them). Returns the fields.
     fn route(&mut self, p_id: &str, d_id: &str, drop_fields: bool) -> Option<LeaseFields> {
         let g = self.book.grant(p_id, self.now).unwrap();
-        let fields = LeaseFields::from_params(g.slot, Some(g.nonce.as_int64()));
+        let fields = g.fields;
         let sent = if drop_fields { None } else { fields };
         let params = RemotePrefillParams {
             remote_lease_slot: sent.map(|f| f.slot),
@@ -372,7 +372,7 @@ fn a_bad_slot_fails_only_its_own_check_over_loopback() {
         now,
     )
     .unwrap();
-    let lease = |g: kvlease::Grant| LeaseFields::from_params(g.slot, Some(g.nonce.as_int64()));
+    let lease = |g: kvlease::Grant| g.fields;
     let a = lease(book.grant("a", now).unwrap()).unwrap();
     let b = lease(book.grant("b", now).unwrap()).unwrap();
     let bad_fields = |slot| LeaseFields::from_params(Some(slot), Some(77));

@@ -82,8 +82,9 @@ fn invariant_1_slot_holds_nonce_only_while_blocks_are_held() {
     let other = book
         .grant("req-b", secs(2))
         .unwrap()
-        .slot
-        .expect("the second slot");
+        .fields
+        .expect("the second slot")
+        .slot;
     assert_ne!(other, slot);
     let starved = book.grant("req-c", secs(2)).unwrap();
     assert_eq!(
@@ -94,7 +95,11 @@ fn invariant_1_slot_holds_nonce_only_while_blocks_are_held() {
     assert_eq!(book.counters().granted_without_slot, 1);
     book.blocks_freed(ticket);
     let again = book.grant("req-d", secs(3)).unwrap();
-    assert_eq!(again.slot, Some(slot), "reused only after blocks_freed");
+    assert_eq!(
+        again.fields.map(|f| f.slot),
+        Some(slot),
+        "reused only after blocks_freed"
+    );
     assert_ne!(again.nonce, nonce);
     assert_eq!(book.counters().slots_returned, 1);
 }
@@ -102,7 +107,12 @@ fn invariant_1_slot_holds_nonce_only_while_blocks_are_held() {
 #[test]
 fn invariant_1_expiry_also_zeroes_before_report() {
     let mut book = book_with_ranks(1, 1, 1);
-    let slot = book.grant("req-a", T0).unwrap().slot.unwrap();
+    let slot = book
+        .grant("req-a", T0)
+        .unwrap()
+        .fields
+        .map(|f| f.slot)
+        .unwrap();
     book.poll(secs(30));
     let arr = book.rank_slots(0).unwrap().clone();
     let mut reasons = vec![];
@@ -184,7 +194,7 @@ fn invariant_3_stale_read_done_changes_nothing() {
     );
     assert_eq!(book.held(), 1);
     assert_eq!(
-        book.rank_slots(0).unwrap().load(new.slot.unwrap()),
+        book.rank_slots(0).unwrap().load(new.fields.unwrap().slot),
         Some(new.nonce.get())
     );
     assert_eq!(book.counters().read_done_stale_nonce, 1);
@@ -476,9 +486,16 @@ fn regrant_before_drain_is_refused_and_the_release_names_its_lease() {
 #[test]
 fn drain_freed_returns_slots_without_collecting_tickets() {
     let mut book = book_with_ranks(2, 8, 1);
-    let a = book.grant("a", T0).unwrap().slot.unwrap();
-    let b = book.grant("b", T0).unwrap().slot.unwrap();
-    assert!(book.grant("c", T0).unwrap().slot.is_none(), "pool empty");
+    let a = book.grant("a", T0).unwrap().fields.map(|f| f.slot).unwrap();
+    let b = book.grant("b", T0).unwrap().fields.map(|f| f.slot).unwrap();
+    assert!(
+        book.grant("c", T0)
+            .unwrap()
+            .fields
+            .map(|f| f.slot)
+            .is_none(),
+        "pool empty"
+    );
     book.poll(secs(31));
     let mut freed = Vec::new();
     book.drain_freed(|r| freed.push((r.request_id.to_string(), r.slot.as_ref().map(|t| t.slot()))));
@@ -493,7 +510,11 @@ fn drain_freed_returns_slots_without_collecting_tickets() {
     );
     assert_eq!(book.counters().slots_returned, 2);
     assert!(
-        book.grant("d", secs(31)).unwrap().slot.is_some(),
+        book.grant("d", secs(31))
+            .unwrap()
+            .fields
+            .map(|f| f.slot)
+            .is_some(),
         "slots back in the pool"
     );
 }

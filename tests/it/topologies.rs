@@ -83,11 +83,7 @@ fn p_tp16_read_by_d_tp1_is_heartbeated_and_verified() {
     }
     let mut v = LeaseVerifier::new(&mut f, &VerifierConfig::new(&cfg, 8, 16)).unwrap();
     let targets: Vec<VerifyTarget> = (0..16)
-        .map(|a| VerifyTarget {
-            agent: AgentId(a),
-            slot_region: RegionId(0),
-            slot_count: 64,
-        })
+        .map(|a| VerifyTarget::new(AgentId(a), RegionId(0), 64))
         .collect();
     v.submit(1, LeaseFields::from_params(Some(5), Some(0x77)), &targets)
         .expect("16 targets fit the one limit");
@@ -121,11 +117,7 @@ fn one_fan_out_limit_refuses_alike_and_is_checked_at_build_time() {
     let mut f = FakeFabric::with_remotes(8, 64);
     let mut v = LeaseVerifier::new(&mut f, &VerifierConfig::new(&cfg, 8, 8)).unwrap();
     let targets: Vec<VerifyTarget> = (0..8)
-        .map(|a| VerifyTarget {
-            agent: AgentId(a),
-            slot_region: RegionId(0),
-            slot_count: 64,
-        })
+        .map(|a| VerifyTarget::new(AgentId(a), RegionId(0), 64))
         .collect();
     assert_eq!(
         v.submit(1, LeaseFields::from_params(Some(1), Some(9)), &targets),
@@ -174,11 +166,7 @@ fn verification_off_accepts_loads_unchecked_without_a_read() {
         .config;
     let mut f = FakeFabric::with_remotes(2, 64);
     let mut v = LeaseVerifier::new(&mut f, &VerifierConfig::new(&cfg, 8, 2)).unwrap();
-    let target = VerifyTarget {
-        agent: AgentId(0),
-        slot_region: RegionId(0),
-        slot_count: 64,
-    };
+    let target = VerifyTarget::new(AgentId(0), RegionId(0), 64);
     // With lease fields (the slot holds nothing: a verifying D would say
     // Lapsed) and without them (a verifying D would say Unverifiable).
     v.submit(1, LeaseFields::from_params(Some(3), Some(5)), &[target])

@@ -450,7 +450,7 @@ fn turn2_reads_over_real_nixl_between_two_processes() {
     assert_eq!(got, REUSED, "unverified, P would decode these bytes");
     assert_eq!(p.verify(k3.fields), Verdict::Lapsed);
 
-    let c = *p.est.counters();
+    let c = p.est.counters();
     say(&format!(
         "turn2 over nixl: {:.2} s; estimator {c:?}; pinger {:?}",
         t0.elapsed().as_secs_f64(),

@@ -50,8 +50,8 @@ use crate::support::nixl_gate::{nixl_or_skip, say};
 const P_IP: &str = "10.77.0.1";
 /// D's address on the veth pair.
 const D_IP: &str = "10.77.0.2";
-/// The TCP settings of both hosts (per network namespace), as the README
-/// recommends across hosts: without them a partition of 2 s lapses 6 s
+/// The TCP settings of both hosts (per network namespace), as
+/// `docs/across-hosts.md` recommends across hosts: without them a partition of 2 s lapses 6 s
 /// leases, because the kernel's exponential retransmission backoff delays
 /// the first heartbeat after the partition by about as long again.
 const TCP_TUNING: [(&str, &str); 2] = [
@@ -167,7 +167,7 @@ impl TwoHosts {
             sh("ip", &["-n", ns, "link", "set", "lo", "up"], None)?;
         }
         // TCP's retransmission backoff, tuned as for a deployment (the
-        // README's "Across hosts"): a heartbeat stream is thin, so retransmit
+        // `docs/across-hosts.md`): a heartbeat stream is thin, so retransmit
         // it at a fixed RTO, and never wait more than 1 s between retries.
         for ns in [p, d] {
             for (knob, value) in TCP_TUNING {
@@ -423,7 +423,7 @@ fn partition_shorter_than_the_extension(hosts: &TwoHosts, c: &mut ProcessCluster
     run_for(c, Duration::from_secs(2));
     // Cut right after a heartbeat arrived, so that the partition, not the
     // phase of the heartbeat clock, decides (the worst phase costs up to
-    // one interval more: see the README's "Across hosts").
+    // one interval more: see `docs/across-hosts.md`).
     let renewed = |ev: &[Stamped]| {
         ev.iter()
             .filter(|s| matches!(s.event, Event::Renewed(..)))

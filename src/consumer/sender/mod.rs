@@ -324,8 +324,8 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
     }
 
     /// The counters; a borrow.
-    pub fn counters(&self) -> &SenderCounters {
-        &self.counters
+    pub fn counters(&self) -> SenderCounters {
+        self.counters
     }
 
     /// Where the link to P rank `rank` of the engine behind `handle` stands;

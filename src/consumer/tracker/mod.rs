@@ -94,7 +94,7 @@
 //! commas), and walked again by the sender. Engines are due once per
 //! interval (5 s by default), so a plan is that large only once per interval
 //! per engine; in between it is a 32-byte header plus any owed engine. The
-//! medians are in the README's "Benchmarks" section.
+//! medians are in `docs/benchmarks.md`.
 
 use core::fmt;
 use core::time::Duration;
@@ -306,8 +306,8 @@ impl HeartbeatTracker {
     }
 
     /// The counters; a borrow, read them every step if you like.
-    pub fn counters(&self) -> &TrackerCounters {
-        &self.counters
+    pub fn counters(&self) -> TrackerCounters {
+        self.counters
     }
 
     /// Requests tracked now.

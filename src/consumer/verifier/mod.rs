@@ -263,8 +263,8 @@ impl LeaseVerifier {
     }
 
     /// Event counts since construction.
-    pub fn counters(&self) -> &VerifierCounters {
-        &self.counters
+    pub fn counters(&self) -> VerifierCounters {
+        self.counters
     }
 
     /// Checks accepted and not yet reported.

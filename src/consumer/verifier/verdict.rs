@@ -3,8 +3,10 @@
 
 use super::*;
 
-/// One P rank a request's blocks were read from.
+/// One P rank a request's blocks were read from. Build it with
+/// [`VerifyTarget::new`] or [`VerifyTarget::from_peer`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct VerifyTarget {
     /// The P agent (rank) read from.
     pub agent: AgentId,
@@ -16,6 +18,16 @@ pub struct VerifyTarget {
 }
 
 impl VerifyTarget {
+    /// The target `agent`, whose lease slots are `slot_count` words in
+    /// region `slot_region` (what its handshake advertised).
+    pub const fn new(agent: AgentId, slot_region: RegionId, slot_count: u32) -> VerifyTarget {
+        VerifyTarget {
+            agent,
+            slot_region,
+            slot_count,
+        }
+    }
+
     /// The target a completed handshake describes: `agent` with the slot
     /// region and count it advertised. `None` when the peer exports no lease
     /// slots (a P started without `kv_lease_verification`): its KV cannot be

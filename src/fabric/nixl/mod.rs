@@ -7,7 +7,7 @@
 //! [`NixlInitError::RuntimeNotFound`]; [`runtime_available`] asks the same
 //! question without building anything. `.ci/nixl-runtime.sh` provisions the
 //! runtime on a machine with no NIXL install (the wheel `nixl-cu12`'s
-//! libraries, no Python install; see the README's "Fabrics").
+//! libraries, no Python install; see `docs/across-hosts.md`).
 //!
 //! This module owns one NIXL agent per fabric, its UCX backend, the memory it
 //! registers, the handshake side channel, the peer table and the prepared
@@ -95,15 +95,15 @@
 //!
 //! [`ProgressMode::Thread`] runs NIXL's progress thread with a non-zero delay
 //! between polls (a zero delay busy-spins and, on two cores, slows everything
-//! down; the README's "Fabrics" gives the measured round trips).
+//! down; `docs/across-hosts.md` gives the measured round trips).
 //!
 //! `measure_progress_modes` and
 //! `killed_peer_process_fails_reads_with_a_typed_error` in
 //! `tests/it/nixl_fabric.rs` measure, through this module's API, a notification
 //! round trip (`send_notification` → peer drains → peer sends → we drain) and
 //! a 512-byte READ of a 64-slot lease array (a re-posted, cached request), in
-//! each progress mode, in one process and in two; the README's "Fabrics"
-//! section has the figures. The engine-loop mode is the default: it is
+//! each progress mode, in one process and in two; `docs/across-hosts.md`
+//! has the figures. The engine-loop mode is the default: it is
 //! 30–40 times faster for
 //! notifications, costs no extra core, and the engine loop polls every step
 //! anyway. Over shared memory a READ is one-sided in both modes and costs
@@ -126,7 +126,7 @@
 //! already requires; a test that drives only one side (the READ's initiator,
 //! the notification's receiver) hangs on TCP while it passes on shared
 //! memory. `tests/it/two_hosts.rs` runs the whole deployment in two network
-//! namespaces over `UCX_TLS=tcp`; the README's "Across hosts" gives the
+//! namespaces over `UCX_TLS=tcp`; `docs/across-hosts.md` gives the
 //! settings and the figures (`measure_progress_modes` with `UCX_TLS=tcp`
 //! measures the fabric itself over TCP).
 //!
@@ -141,7 +141,7 @@
 //! Over shared memory, a dead peer is detected even with error handling
 //! `none`: after the peer process is killed, the next READ to it fails at
 //! once with `Backend(-2)` (UCX's `cma` copy reports an I/O error; the
-//! README's "Fabrics" gives the measured delay). Transports that cannot tell fall back to the transfer timeout
+//! `docs/across-hosts.md` gives the measured delay). Transports that cannot tell fall back to the transfer timeout
 //! (tested with a READ held in flight by error handling `peer` against a
 //! target that does not poll: `Failed(TimedOut)`, request aborted, peer
 //! failed, re-handshake and READ again). A notification to a dead peer is

@@ -312,13 +312,13 @@ fn too_small_a_buffer_changes_nothing() {
     ]);
     let now = Instant::from_millis(10);
     let need = t.plan_len(now);
-    let before = *t.counters();
+    let before = t.counters();
     let mut small = vec![0u8; need - 1];
     assert_eq!(
         t.encode_plan(now, &mut small),
         Err(IpcError::BufferTooSmall { needed: need })
     );
-    assert_eq!(*t.counters(), before, "nothing consumed or counted");
+    assert_eq!(t.counters(), before, "nothing consumed or counted");
     // The same plan, with room: the owed engine and the notice are there.
     let mut big = vec![0u8; need];
     assert_eq!(t.encode_plan(now, &mut big), Ok(need));

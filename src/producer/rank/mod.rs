@@ -228,8 +228,8 @@ impl PrefillRank {
     }
 
     /// Event counts since construction.
-    pub fn counters(&self) -> &RankCounters {
-        &self.counters
+    pub fn counters(&self) -> RankCounters {
+        self.counters
     }
 
     /// Leases this rank holds (pinned or timed).

@@ -133,11 +133,20 @@ pub struct Assignment {
     pub fields: Option<LeaseFields>,
 }
 
-/// What a grant gave the request.
+impl Assignment {
+    /// [`Assignment::fields`]: the same accessor as [`Grant::lease_fields`].
+    pub fn lease_fields(&self) -> Option<LeaseFields> {
+        self.fields
+    }
+}
+
+/// What a grant gave the request: the (slot, nonce) pair in the same shape
+/// as an [`Assignment`]'s.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grant {
-    /// The slot, when the lease is verifiable.
-    pub slot: Option<u32>,
+    /// `remote_lease_slot` / `remote_lease_nonce` for `kv_transfer_params`,
+    /// or `None` when the lease cannot be verified (omit both fields).
+    pub fields: Option<LeaseFields>,
     /// The lease's nonce (exported only together with a slot).
     pub nonce: Nonce,
     /// When the lease expires unless renewed (the scheduler's clock).
@@ -145,13 +154,9 @@ pub struct Grant {
 }
 
 impl Grant {
-    /// `remote_lease_slot` / `remote_lease_nonce` for `kv_transfer_params`,
-    /// or `None` when the lease cannot be verified (omit both fields).
+    /// [`Grant::fields`]: the same accessor as [`Assignment::lease_fields`].
     pub fn lease_fields(&self) -> Option<LeaseFields> {
-        self.slot.map(|slot| LeaseFields {
-            slot,
-            nonce: self.nonce,
-        })
+        self.fields
     }
 }
 
@@ -312,8 +317,8 @@ impl PrefillScheduler {
     }
 
     /// Event counts since construction.
-    pub fn counters(&self) -> &SchedulerCounters {
-        &self.counters
+    pub fn counters(&self) -> SchedulerCounters {
+        self.counters
     }
 
     /// The ranks whose reports this scheduler waits for.
@@ -486,7 +491,7 @@ impl PrefillScheduler {
             }
         };
         Ok(Grant {
-            slot: a.fields.map(|f| f.slot),
+            fields: a.fields,
             nonce: a.nonce,
             expiry,
         })

@@ -576,3 +576,42 @@ fn compact_iterator_is_exact() {
     assert!(it.is_empty());
     assert_eq!(it.next(), None);
 }
+
+/// Issue 19 item 11: a peer without lease slots only ever gets vLLM's
+/// `id:consumers`, which a stock P (splitting at its last `:`) parses; the
+/// nonce form goes only to peers that export slots.
+#[test]
+fn the_read_done_form_follows_what_the_peer_advertised() {
+    use crate::fabric::{PeerInfo, RegionId};
+    let stock = PeerInfo {
+        slot_region: None,
+        slot_count: 0,
+        compact_heartbeats: false,
+        clock: None,
+    };
+    let kvlease_p = PeerInfo {
+        slot_region: Some(RegionId(0)),
+        slot_count: 64,
+        ..stock
+    };
+    let nonce = crate::Nonce::new(0x5eed);
+    let mut buf = [0u8; 96];
+    let plain = ReadDoneForm::for_peer_info(&stock);
+    assert_eq!(plain, ReadDoneForm::Plain);
+    let n = encode_read_done_for(plain, "cmpl-a:0", 2, nonce, &mut buf).unwrap();
+    let msg = core::str::from_utf8(&buf[..n]).unwrap();
+    // What vLLM 0.34's P does with it: rsplit(":", 1).
+    let (id, count) = msg.rsplit_once(':').unwrap();
+    assert_eq!((id, count), ("cmpl-a:0", "2"));
+    let with = ReadDoneForm::for_peer_info(&kvlease_p);
+    let n = encode_read_done_for(with, "cmpl-a:0", 2, nonce, &mut buf).unwrap();
+    match decode(&buf[..n]).unwrap() {
+        Notification::ReadDone(rd) => {
+            assert_eq!(
+                (rd.request_id, rd.consumers, rd.nonce),
+                ("cmpl-a:0", 2, nonce)
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}

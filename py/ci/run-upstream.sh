@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Run vLLM 0.34.0's own NIXL connector unit tests, taken unmodified from the
+# sdist by py/ci/vllm-env.sh, on CPU:
+#
+#   stock       against stock vLLM (the baseline);
+#   substitute  with the classes of a substitute module put in place of vLLM's
+#               NixlPullConnector / NixlPullConnectorScheduler / ...Worker by
+#               the pytest plugin py/tests/upstream/kvlease_substitute.py
+#               (default module: passthrough_connector, the counting prototype);
+#               every test that passes on stock must pass here too, and at
+#               least one test must have called a substitute hook.
+#   all         (default) both, then the comparison.
+#   mutant      the negative control: test_nixl_heartbeat.py with
+#               mutant_connector (a worker that drops heartbeats and never
+#               reaps) must FAIL; this mode exits 0 only if it does.
+#
+#   py/ci/run-upstream.sh [stock|substitute|all] [SUBSTITUTE_MODULE]
+#
+# Files: test_nixl_heartbeat.py and test_nixl_connector.py; the node ids in
+# py/tests/upstream/not-on-cpu.txt are deselected (each line says why).
+# Results (JUnit XML, the substitution report) go to .vllm-tests/results/.
+set -euo pipefail
+
+mode="${1:-all}"
+sub_module="${2:-passthrough_connector}"
+repo_root="$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)"
+eval "$("${repo_root}/py/ci/vllm-env.sh")"
+
+cd "$VLLM_TESTS_DIR"
+# The tests must be byte-for-byte the sdist's.
+sha256sum --quiet -c MANIFEST.sha256
+echo "upstream test files match the sdist manifest ($(wc -l < MANIFEST.sha256) files)"
+
+results="${VLLM_TESTS_DIR}/results"
+mkdir -p "$results"
+test_files=(tests/v1/kv_connector/unit/test_nixl_heartbeat.py
+            tests/v1/kv_connector/unit/test_nixl_connector.py)
+deselect=()
+while IFS= read -r line; do
+    case "$line" in ''|'#'*) continue ;; esac
+    deselect+=(--deselect "${line%% # *}")
+done < "${repo_root}/py/tests/upstream/not-on-cpu.txt"
+
+run_pytest() {
+    local name="$1"; shift
+    local t0; t0=$(date +%s)
+    echo "== upstream tests (${name})"
+    # -p no:cacheprovider: the tree is read-only upstream code; --timeout: a hung
+    # test must fail, not eat the CI budget.
+    "$VLLM_ENV_PYTHON" -m pytest -q -p no:cacheprovider -rfEsxX --timeout=300 \
+        --junitxml="${results}/${name}.xml" "${deselect[@]}" "$@" "${test_files[@]}"
+    echo "== ${name}: $(( $(date +%s) - t0 )) s"
+}
+
+if [ "$mode" = stock ] || [ "$mode" = all ]; then
+    run_pytest stock
+fi
+if [ "$mode" = substitute ] || [ "$mode" = all ]; then
+    PYTHONPATH="${repo_root}/py/tests/upstream${PYTHONPATH:+:${PYTHONPATH}}" \
+        run_pytest "substitute-${sub_module}" -p kvlease_substitute \
+        --kvlease-substitute="$sub_module" \
+        --kvlease-report="${results}/substitute-${sub_module}.json"
+fi
+if [ "$mode" = mutant ]; then
+    echo "== negative control: vLLM's heartbeat tests with mutant_connector (must fail)"
+    if PYTHONPATH="${repo_root}/py/tests/upstream${PYTHONPATH:+:${PYTHONPATH}}" \
+        "$VLLM_ENV_PYTHON" -m pytest -q -p no:cacheprovider --timeout=300 \
+        -p kvlease_substitute --kvlease-substitute=mutant_connector \
+        tests/v1/kv_connector/unit/test_nixl_heartbeat.py; then
+        echo "mutant_connector passed vLLM's heartbeat tests: the substitution does not reach the worker"
+        exit 1
+    fi
+    echo "== negative control ok: the mutant worker fails vLLM's heartbeat tests"
+fi
+if [ "$mode" = all ]; then
+    "$VLLM_ENV_PYTHON" "${repo_root}/py/tests/upstream/compare_runs.py" \
+        "${results}/stock.xml" "${results}/substitute-${sub_module}.xml" \
+        "${results}/substitute-${sub_module}.json"
+fi
