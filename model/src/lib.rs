@@ -36,8 +36,8 @@
 //!   expects that mapping's `consumers_per_p_rank` read-dones. A worker's
 //!   READ ([`Action::StartRead`]) is in flight until its last slot check
 //!   ([`Action::CheckSlot`]); then it sends its read-done, with its nonce,
-//!   to each rank it read. D uses a request's KV only if the worker's every
-//!   slot check held the nonce.
+//!   to each rank it read. A worker uses its part of the KV only if every
+//!   slot check it made held the nonce.
 //!
 //! # What is real code and what is abstracted
 //!
@@ -91,8 +91,8 @@
 //! finished its READ. Liveness, where a fair run ends (see
 //! [`ProtocolModel::properties`]): a lease whose Cancel reached every rank is
 //! freed; after a D crash every block is freed; with D alive every lease is
-//! read, expired or cancelled. Both liveness properties but the first exempt
-//! one case, by design of the library: a lease one rank missed the Grant of
+//! read, expired or cancelled. The last two exempt one case, by design of
+//! the library: a lease one rank missed the Grant of
 //! and that nobody cancelled stays held (nothing tells that rank about it:
 //! only a Cancel, or a separate Start, gets its "not held" answer). A
 //! `sometimes` property shows that such runs exist.
