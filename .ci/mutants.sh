@@ -7,22 +7,33 @@
 #   zero_after_report     a rank zeroes its slot only after its report left
 #   reuse_before_free     the scheduler returns a slot before the engine freed the blocks
 #   free_on_first_report  the scheduler frees blocks when one rank of several reported
+#   count_per_rank        a rank counts read-dones per rank, not per (sender, lease): a
+#                         duplicated read-done frees its share while another reader reads
+#   ignore_not_held       the scheduler ignores "not held" reports: a lease whose Grant a
+#                         rank missed is held forever, even after a cancel
 #
 # The loom model of the roles across threads (loom_tests/roles.rs) must fail
 # on zero_after_report too: there the late zero races a decoder's slot READ.
 #
 # The protocol model (model/, stateright) must find each bug too: built with
 # the same cfg, its replay test checks the model's counterexample for the
-# mirrored model mutant step by step against the mutated real roles
-# (model/tests/replay.rs). Release, as above: a debug build of the mutated
-# roles trips their own debug assertions first (zero_after_report: "slot
-# published while held"). Each costs a build, about 1.5 min on the 2-core VM.
+# mirrored model mutant (kvlease_model::Mutant) step by step against the
+# mutated real roles (model/tests/replay.rs): zero_after_report breaks "D
+# accepts only verified loads", reuse_before_free the slot reuse property,
+# free_on_first_report "never freed while held", count_per_rank "read-done
+# release only after every reader finished" (D TP 4: two readers per P
+# rank, one read-done duplicated), ignore_not_held "a heard cancel ends the
+# lease" (a Grant lost to one rank, then a cancel). Release, as above: a
+# debug build of the mutated roles trips their own debug assertions first
+# (zero_after_report: "slot published while held"). Each costs a build,
+# about 1.5 min on the 2-core VM: ten builds in all, plus loom's.
 #
 # Own target dir: the cfg rebuilds everything and must not evict the normal build.
 set -uo pipefail
 cd "$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)"
 status=0
-for m in zero_after_report reuse_before_free free_on_first_report; do
+MUTANTS="zero_after_report reuse_before_free free_on_first_report count_per_rank ignore_not_held"
+for m in $MUTANTS; do
     log="target/mutants/${m}.log"
     mkdir -p target/mutants
     if RUSTFLAGS="--cfg kvlease_mutant=\"${m}\"" CARGO_TARGET_DIR=target/mutants \
@@ -37,7 +48,7 @@ for m in zero_after_report reuse_before_free free_on_first_report; do
         status=1
     fi
 done
-for m in zero_after_report reuse_before_free free_on_first_report; do
+for m in $MUTANTS; do
     log="target/mutants/model_${m}.log"
     if ! RUSTFLAGS="--cfg kvlease_mutant=\"${m}\"" CARGO_TARGET_DIR=target/mutants-model \
         cargo test --release -p kvlease-model --test replay -- --nocapture >"$log" 2>&1; then

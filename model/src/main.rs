@@ -1,13 +1,16 @@
 //! `kvlease-model`: runs the protocol model check at a chosen bound (the
 //! longer local run of `docs/model-check.md`). `ci` checks [`Bound::CI`], `long` (the
 //! default) checks [`Bound::LONG`]; `key=value` arguments override a bound's
-//! fields (`requests`, `slots`, `drops`, `dups`, `heartbeats`, `d_crashes`,
-//! `rank_crashes`, `p_restarts`, `depth`) or set `threads`. Exits 1 when a
+//! fields (`requests`, `slots`, `d_tp`, `drops`, `dups`, `heartbeats`,
+//! `directive_losses`, `cancels`, `d_crashes`, `rank_crashes`, `p_restarts`,
+//! `depth`) or set `threads`; `examples` prints the trace of every
+//! `sometimes` property seen (the shortest run that shows it). Exits 1 when a
 //! property fails (the counterexample is printed), 2 on a bad argument.
 //!
 //! ```text
 //! cargo run -p kvlease-model --release -- long
 //! cargo run -p kvlease-model --release -- long requests=3 slots=2 depth=40
+//! cargo run -p kvlease-model --release -- ci d_tp=4 heartbeats=1
 //! ```
 
 use std::process::ExitCode;
@@ -15,12 +18,15 @@ use std::process::ExitCode;
 use kvlease_model::{check, Bound, ProtocolModel};
 
 fn main() -> ExitCode {
-    let mut runs: Vec<(&str, Bound)> = vec![("long: every fault at once", Bound::LONG)];
+    let mut runs: Vec<(&str, Bound)> =
+        vec![("long: the network and process faults at once", Bound::LONG)];
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut examples = false;
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "ci" => runs = Bound::CI.to_vec(),
-            "long" => runs = vec![("long: every fault at once", Bound::LONG)],
+            "long" => runs = vec![("long: the network and process faults at once", Bound::LONG)],
+            "examples" => examples = true,
             kv => {
                 let Some((key, value)) = kv.split_once('=') else {
                     eprintln!("unknown argument {kv:?} (ci, long, or key=value)");
@@ -35,6 +41,9 @@ fn main() -> ExitCode {
                     let field = match key {
                         "requests" => &mut b.requests,
                         "slots" => &mut b.slots,
+                        "d_tp" => &mut b.d_tp,
+                        "directive_losses" => &mut b.directive_losses,
+                        "cancels" => &mut b.cancels,
                         "drops" => &mut b.drops,
                         "dups" => &mut b.dups,
                         "heartbeats" => &mut b.heartbeats,
@@ -67,8 +76,8 @@ fn main() -> ExitCode {
     }
     let mut failed = false;
     for (name, bound) in runs {
-        if bound.requests == 0 || bound.slots == 0 {
-            eprintln!("requests and slots must be at least 1");
+        if let Err(e) = bound.check() {
+            eprintln!("{e}");
             return ExitCode::from(2);
         }
         let report = check(ProtocolModel::new(bound, None), threads);
@@ -82,6 +91,14 @@ fn main() -> ExitCode {
         }
         let seen: Vec<&str> = report.discoveries.keys().copied().collect();
         println!("  seen: {seen:?}");
+        if examples {
+            for name in seen.iter().filter(|n| !report.violations().contains(n)) {
+                println!(
+                    "example: {name}\n{}",
+                    report.trace(name).unwrap_or_default()
+                );
+            }
+        }
     }
     if failed {
         ExitCode::from(1)

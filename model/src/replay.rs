@@ -1,18 +1,23 @@
 //! The model's honesty check: this module owns the replay of a model trace
-//! on the real P roles, and the comparison of what both observe.
+//! on the real P roles, and the comparison of what both observe. It drives
+//! the roles only through their public API and changes nothing in them.
 //!
 //! [`Replay`] runs one real [`PrefillScheduler`] and [`RANKS`] real
 //! [`PrefillRank`]s, wired as an engine with one process per worker: the
-//! scheduler's directives reach the ranks as bytes, the ranks' reports reach
-//! the scheduler as bytes, notifications reach a rank as wire bytes (`HB:`,
-//! read-done with nonce), and time is the real [`Instant`] arithmetic (one
-//! model tick = [`TICK_SECS`] s, `kv_lease_duration` = 6 s). Each model
-//! action is applied to the real roles, and then every observable the model
-//! claims is compared: each live rank's slot words, which leases it holds and
-//! each one's time left, the scheduler's held count and lease statuses, each
-//! grant's slot and nonce, each drained lease's reason and slot ticket, and
-//! D's slot checks against the real words (the verifier's decision: a
-//! check passes exactly when the word READ holds the nonce).
+//! scheduler's directives reach the ranks as bytes (a directive message the
+//! model loses on its way to one rank is not applied there), the ranks'
+//! reports reach the scheduler as bytes, notifications reach a rank as wire
+//! bytes from a named sender (`HB:`; read-done with nonce and the mapping's
+//! consumer count, from D worker `w`'s agent `d{w}`), cancels go through
+//! [`PrefillScheduler::cancel`], and time is the real [`Instant`]
+//! arithmetic (one model tick = [`TICK_SECS`] s, `kv_lease_duration` =
+//! 6 s). Each model action is applied to the real roles, and then every
+//! observable the model claims is compared: each live rank's slot words,
+//! which leases it holds and each one's time left, the scheduler's held
+//! count and lease statuses, each grant's slot and nonce, each drained
+//! lease's reason and slot ticket, and each D worker's slot checks against
+//! the real words (the verifier's decision: a check passes exactly when the
+//! word READ holds the nonce).
 //!
 //! D itself is not replayed (its tracker, sender and verifier hold fabrics
 //! and registered memory); the model's D only decides from P's slot words,
@@ -26,12 +31,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvlease::producer::LeaseStatus;
+use kvlease::topology::TpMapping;
 use kvlease::{
     EngineShape, Instant, LeaseConfig, LeaseSlots, PrefillRank, PrefillScheduler, ReleaseReason,
     SlotPool, SlotTicket,
 };
 
-use crate::{nonce_of, nonce_source, Action, DReq, Msg, Mutant, Phase, State, N, RANKS, TICK_SECS};
+use crate::{
+    nonce_of, nonce_source, Action, Bound, DReq, Msg, Mutant, Phase, State, Worker, N, RANKS,
+    TICK_SECS,
+};
 
 /// The real roles, driven by a model trace.
 pub struct Replay {
@@ -40,6 +49,8 @@ pub struct Replay {
     epoch: u8,
     /// The model's time, in real units: ticks × [`TICK_SECS`].
     now: Instant,
+    /// Read-dones each P rank waits for (the `<n>` D sends).
+    consumers: u32,
     sched: PrefillScheduler,
     ranks: Vec<Option<PrefillRank>>,
     ids: Vec<String>,
@@ -59,13 +70,21 @@ impl Replay {
             Some(Mutant::ReuseBeforeFree)
         } else if cfg!(kvlease_mutant = "free_on_first_report") {
             Some(Mutant::FreeOnFirstReport)
+        } else if cfg!(kvlease_mutant = "count_per_rank") {
+            Some(Mutant::CountPerRank)
+        } else if cfg!(kvlease_mutant = "ignore_not_held") {
+            Some(Mutant::IgnoreNotHeld)
         } else {
             None
         }
     }
 
-    /// The real roles for a model of `requests` requests and `slots` slots.
-    pub fn new(requests: u8, slots: u8) -> Result<Replay, String> {
+    /// The real roles for a model of `bound` (its requests, slots and D TP).
+    pub fn new(bound: &Bound) -> Result<Replay, String> {
+        let (requests, slots) = (bound.requests, bound.slots);
+        let consumers = TpMapping::new(u32::from(bound.d_tp), RANKS as u32)
+            .map_err(|e| format!("D TP {}: {e}", bound.d_tp))?
+            .consumers_per_p_rank();
         let mut config = LeaseConfig::new(EngineShape {
             num_kv_blocks: u32::from(slots),
             max_num_seqs: 0,
@@ -82,6 +101,7 @@ impl Replay {
             config,
             epoch: 0,
             now: Instant::ZERO,
+            consumers,
             sched,
             ranks,
             ids: (0..requests).map(|i| format!("req-{i}")).collect(),
@@ -95,7 +115,12 @@ impl Replay {
     /// real roles, then compares them with `after`.
     pub fn step(&mut self, before: &State, action: Action, after: &State) -> Result<(), String> {
         match action {
-            Action::Grant(i) => self.grant(usize::from(i), after)?,
+            Action::Grant(i) => self.grant(usize::from(i), None, after)?,
+            Action::GrantMissedBy(i, r) => {
+                self.grant(usize::from(i), Some(usize::from(r)), after)?
+            }
+            Action::Cancel(i) => self.cancel(usize::from(i), None)?,
+            Action::CancelMissedBy(i, r) => self.cancel(usize::from(i), Some(usize::from(r)))?,
             Action::RankLost(r) => {
                 self.sched.rank_lost(u32::from(r));
                 self.drain();
@@ -116,9 +141,11 @@ impl Replay {
             }
             Action::Tick => self.now = self.now + Duration::from_secs(TICK_SECS),
             Action::Deliver(m) => self.deliver(m)?,
-            Action::CheckSlot(i, r) => {
-                self.check_slot(before, usize::from(i), usize::from(r), after)?
-            }
+            Action::CheckSlot(i, w, r) => self.check_slot(
+                before,
+                (usize::from(i), usize::from(w), usize::from(r)),
+                after,
+            )?,
             Action::CrashRank(r) => self.ranks[usize::from(r)] = None,
             Action::RestartP => {
                 self.epoch += 1;
@@ -129,7 +156,7 @@ impl Replay {
             }
             // D's own steps and the network's faults touch no P role.
             Action::Heartbeat
-            | Action::StartRead(_)
+            | Action::StartRead(..)
             | Action::Drop(_)
             | Action::Duplicate(_)
             | Action::CrashD => {}
@@ -137,7 +164,9 @@ impl Replay {
         self.compare(after)
     }
 
-    fn grant(&mut self, i: usize, after: &State) -> Result<(), String> {
+    /// The scheduler grants request `i`; its directive message reaches
+    /// every live rank but `missed`.
+    fn grant(&mut self, i: usize, missed: Option<usize>, after: &State) -> Result<(), String> {
         let g = self
             .sched
             .grant(&self.ids[i], self.now)
@@ -152,16 +181,37 @@ impl Replay {
                 g.nonce
             ));
         }
+        self.directives(missed)
+    }
+
+    /// The engine cancels request `i`'s lease; the directive message reaches
+    /// every live rank but `missed`, and their answers go up at once.
+    fn cancel(&mut self, i: usize, missed: Option<usize>) -> Result<(), String> {
+        if !self.sched.cancel(&self.ids[i]) {
+            return Err(format!("real cancel of request {i} found no live lease"));
+        }
+        self.directives(missed)
+    }
+
+    /// This step's directive message to every live rank but `missed`, then
+    /// every rank's reports up and the drain.
+    fn directives(&mut self, missed: Option<usize>) -> Result<(), String> {
         let n = self
             .sched
             .encode_directives(self.now, &mut self.buf)
             .map_err(|e| format!("directives: {e}"))?;
         let msg = self.buf[..n].to_vec();
-        for rank in self.ranks.iter_mut().flatten() {
+        for (r, rank) in self.ranks.iter_mut().enumerate() {
+            let Some(rank) = rank.as_mut() else {
+                continue;
+            };
+            if missed == Some(r) {
+                continue;
+            }
             rank.apply_directives(&msg, self.now)
-                .map_err(|e| format!("rank refused directives: {e}"))?;
+                .map_err(|e| format!("rank {r} refused directives: {e}"))?;
         }
-        Ok(())
+        self.pump()
     }
 
     fn deliver(&mut self, m: Msg) -> Result<(), String> {
@@ -182,21 +232,27 @@ impl Replay {
                         .map_err(|e| format!("heartbeat refused: {e}"))?;
                 }
             }
-            Msg::ReadDone { rank, req, nonce } => {
+            Msg::ReadDone {
+                rank,
+                req,
+                nonce,
+                sender,
+            } => {
                 if nonce.epoch != self.epoch {
                     return Ok(());
                 }
                 let real = nonce_of(nonce.epoch, nonce.draw);
                 let n = kvlease::wire::encode_read_done(
                     &self.ids[usize::from(req)],
-                    1,
+                    self.consumers,
                     Some(real),
                     &mut self.buf,
                 )
                 .map_err(|e| format!("read-done encode: {e}"))?;
                 let msg = self.buf[..n].to_vec();
+                let from = format!("d{sender}");
                 if let Some(rank) = self.ranks[usize::from(rank)].as_mut() {
-                    rank.on_notification("decode", &msg, self.now)
+                    rank.on_notification(&from, &msg, self.now)
                         .map_err(|e| format!("read-done refused: {e}"))?;
                 }
                 self.pump()?;
@@ -205,17 +261,24 @@ impl Replay {
         Ok(())
     }
 
-    /// D's slot READ of rank `r` for request `i`: the verifier passes a
-    /// rank exactly when the word it READ holds the nonce.
+    /// D worker `w`'s slot READ of rank `r` for request `i`: the verifier
+    /// passes a rank exactly when the word it READ holds the nonce.
     fn check_slot(
         &mut self,
         before: &State,
-        i: usize,
-        r: usize,
+        (i, w, r): (usize, usize, usize),
         after: &State,
     ) -> Result<(), String> {
-        let DReq::Reading { pull, .. } = before.d.reqs[i] else {
-            return Err(format!("model checked request {i} while not reading"));
+        let DReq::Tracked { pull, workers } = before.d.reqs[i] else {
+            return Err(format!("model checked request {i} while D did not know it"));
+        };
+        let Worker::Reading {
+            checks: earlier, ..
+        } = workers[w]
+        else {
+            return Err(format!(
+                "model checked request {i} while worker {w} was not reading"
+            ));
         };
         let Some(slot) = pull.slot else {
             return Err("model checked a slot-less pull".into());
@@ -226,29 +289,29 @@ impl Replay {
                     == Some(nonce_of(pull.nonce.epoch, pull.nonce.draw).get())
             });
         let model_ok = match after.d.reqs[i] {
-            DReq::Reading { checks, .. } => checks[r],
-            DReq::Done { accepted, .. } => {
-                // The last check decided: it passed iff all did.
-                let others_ok = match before.d.reqs[i] {
-                    DReq::Reading { checks, .. } => checks
+            DReq::Tracked { workers, .. } => match workers[w] {
+                Worker::Reading { checks, .. } => checks[r],
+                Worker::Done { accepted, .. } => {
+                    // The last check decided: it passed iff all did.
+                    let others_ok = earlier
                         .iter()
                         .enumerate()
-                        .all(|(k, c)| k == r || *c == Some(true)),
-                    _ => false,
-                };
-                if accepted {
-                    Some(true)
-                } else if others_ok {
-                    Some(false)
-                } else {
-                    None
+                        .all(|(k, c)| k == r || c.is_none() || *c == Some(true));
+                    if accepted {
+                        Some(true)
+                    } else if others_ok {
+                        Some(false)
+                    } else {
+                        None
+                    }
                 }
-            }
-            _ => None,
+                _ => None,
+            },
+            DReq::Unknown => None,
         };
         if model_ok.is_some_and(|m| m != real_ok) {
             return Err(format!(
-                "slot check of request {i} on rank {r}: real word says {real_ok}, model {model_ok:?}"
+                "slot check of request {i} by worker {w} on rank {r}: real word says {real_ok}, model {model_ok:?}"
             ));
         }
         Ok(())
@@ -422,10 +485,9 @@ fn roles(
 pub fn replay_trace(
     initial: &State,
     trace: &[(Action, State)],
-    requests: u8,
-    slots: u8,
+    bound: &Bound,
 ) -> Result<(), String> {
-    let mut replay = Replay::new(requests, slots)?;
+    let mut replay = Replay::new(bound)?;
     let mut before = initial;
     for (k, (action, after)) in trace.iter().enumerate() {
         replay

@@ -1,14 +1,16 @@
 //! The model's abstraction of the P roles is honest: traces of the model,
 //! replayed on the real `PrefillScheduler` and `PrefillRank`s (role messages
-//! and notifications as bytes), show the same slot words, held leases, time
-//! left, grants, drains and slot checks after every step.
+//! and notifications as bytes, lost directive messages left out, read-dones
+//! from named senders), show the same slot words, held leases, time left,
+//! grants, cancels, drains and slot checks after every step.
 //!
 //! Built with `--cfg kvlease_mutant="..."` (`.ci/mutants.sh`), the real
 //! roles carry that bug and the model carries its mirror: they must still
 //! agree, and the model must still find the counterexample.
 
 use kvlease_model::replay::{replay_trace, Replay};
-use kvlease_model::{Action, Bound, ProtocolModel, State};
+use kvlease_model::{Action, Bound, Mutant, ProtocolModel, State};
+use stateright::Model;
 
 /// xorshift64*: a seeded, dependency-free choice of successors.
 struct Rng(u64);
@@ -22,11 +24,27 @@ impl Rng {
     }
 }
 
+/// The checker sees every enabled action: the cheap filter of the model's
+/// action list ([`ProtocolModel::plausible`]) never hides one.
+fn hides_nothing(model: &ProtocolModel, s: &State) {
+    let mut all = Vec::new();
+    model.candidate_actions(s, &mut all);
+    for a in all {
+        if model.next_state(s, a).is_some() {
+            assert!(
+                model.plausible(s, a),
+                "plausible() hides the enabled {a:?} in {s:?}"
+            );
+        }
+    }
+}
+
 /// A walk from the initial state until nothing is enabled or `depth` steps.
 fn walk(model: &ProtocolModel, rng: &mut Rng, depth: usize) -> Vec<(Action, State)> {
     let mut s = model.initial();
     let mut trace = Vec::new();
     for _ in 0..depth {
+        hides_nothing(model, &s);
         let next = model.successors(&s);
         if next.is_empty() {
             break;
@@ -52,7 +70,7 @@ fn model_traces_replay_on_the_real_roles() {
             for (a, _) in &trace {
                 actions.insert(std::mem::discriminant(a));
             }
-            if let Err(e) = replay_trace(&model.initial(), &trace, bound.requests, bound.slots) {
+            if let Err(e) = replay_trace(&model.initial(), &trace, &bound) {
                 let listing: Vec<String> = trace.iter().map(|(a, _)| format!("{a:?}")).collect();
                 panic!(
                     "[{name}] walk {w}: the real roles disagree with the model at {e}\ntrace:\n{}",
@@ -65,8 +83,8 @@ fn model_traces_replay_on_the_real_roles() {
         "replayed {steps} model steps on the real roles ({} kinds of action), mutant {mutant:?}",
         actions.len()
     );
-    // Every kind of action was replayed (all 14 of them).
-    assert_eq!(actions.len(), 14, "some action was never replayed");
+    // Every kind of action was replayed (all 17 of them).
+    assert_eq!(actions.len(), 17, "some action was never replayed");
 }
 
 /// With the real roles mutated (`.ci/mutants.sh`), the model's
@@ -76,18 +94,17 @@ fn model_traces_replay_on_the_real_roles() {
 /// model finds nothing to replay.
 #[test]
 fn the_counterexample_is_a_trace_of_the_real_roles() {
-    let bound = Bound {
-        d_crashes: 0,
-        rank_crashes: 0,
-        p_restarts: 0,
-        ..Bound::CI[1].1
-    };
     let Some(mutant) = Replay::mutant() else {
-        let report = kvlease_model::check(ProtocolModel::new(bound, None), 2);
-        println!("no real mutant in this build; correct model: {report}");
-        assert!(report.violations().is_empty());
+        let mut bounds: Vec<Bound> = Mutant::ALL.iter().map(|m| m.bound()).collect();
+        bounds.dedup();
+        for bound in bounds {
+            let report = kvlease_model::check(ProtocolModel::new(bound, None), 2);
+            println!("no real mutant in this build; correct model at a mutant bound: {report}");
+            assert!(report.violations().is_empty());
+        }
         return;
     };
+    let bound = mutant.bound();
     let model = ProtocolModel::new(bound, Some(mutant));
     let report = kvlease_model::check(model.clone(), 2);
     let property = mutant.breaks();
@@ -98,7 +115,7 @@ fn the_counterexample_is_a_trace_of_the_real_roles() {
         "real mutant {mutant:?}: counterexample to \"{property}\":\n{}",
         report.trace(property).unwrap_or_default()
     );
-    if let Err(e) = replay_trace(&model.initial(), trace, bound.requests, bound.slots) {
+    if let Err(e) = replay_trace(&model.initial(), trace, &bound) {
         panic!("the real mutated roles disagree with the mutated model at {e}");
     }
     println!("replayed on the real mutated roles: they agree at every step");
@@ -113,19 +130,14 @@ fn a_mutant_counterexample_does_not_replay_on_the_correct_roles() {
         println!("real roles mutated in this build: see the test above");
         return;
     }
-    let bound = Bound {
-        d_crashes: 0,
-        rank_crashes: 0,
-        p_restarts: 0,
-        ..Bound::CI[1].1
-    };
-    for mutant in kvlease_model::Mutant::ALL {
+    for mutant in Mutant::ALL {
+        let bound = mutant.bound();
         let model = ProtocolModel::new(bound, Some(mutant));
         let report = kvlease_model::check(model.clone(), 2);
         let Some(trace) = report.discoveries.get(mutant.breaks()) else {
             panic!("mutant {mutant:?}: no counterexample");
         };
-        match replay_trace(&model.initial(), trace, bound.requests, bound.slots) {
+        match replay_trace(&model.initial(), trace, &bound) {
             Ok(()) => panic!("the correct roles replayed the {mutant:?} counterexample"),
             Err(e) => println!("mutant {mutant:?}: the correct roles differ at {e}"),
         }
