@@ -53,10 +53,17 @@
 //! - **A rank missed a directive** (a lost message on the engine's IPC, or a
 //!   Grant it refused): it answers the Grant it refused, and the Start or
 //!   Cancel it cannot match, with a "not held" report, so
-//!   [`PrefillScheduler::cancel`] always ends a lease, and an expiry on the
-//!   other ranks is never stuck behind the silent one. Every such lease is
+//!   [`PrefillScheduler::cancel`] always ends a lease. Every such lease is
 //!   released with [`ReleaseReason::NotHeld`] (D's check fails on that rank's
-//!   zero slot: it failed closed).
+//!   zero slot: it failed closed). **Limit:** a lease granted in one step
+//!   ([`PrefillScheduler::grant`], Grant and Start in one message) whose
+//!   message a rank lost is never answered by that rank until a later
+//!   directive names it: the other ranks' expiry alone does not end it, so
+//!   its blocks stay held until [`PrefillScheduler::cancel`] (or
+//!   [`PrefillScheduler::rank_restarted`], if the rank restarted). The model
+//!   check finds this run (`docs/model-check.md`). Engines whose IPC does not
+//!   lose messages (vLLM's metadata broadcast) meet it only across a worker
+//!   restart, which `rank_restarted` covers.
 //! - **An aborted request** whose engine frees the blocks: call
 //!   [`PrefillScheduler::cancel`] from the abort path. If the engine never
 //!   does, a lease that was assigned but never started is let go by every
