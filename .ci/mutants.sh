@@ -12,8 +12,9 @@
 #   ignore_not_held       the scheduler ignores "not held" reports: a lease whose Grant a
 #                         rank missed is held forever, even after a cancel
 #
-# The loom model of the roles across threads (loom_tests/roles.rs) must fail
-# on zero_after_report too: there the late zero races a decoder's slot READ.
+# The loom models of the roles across threads (loom_tests/roles.rs) must fail
+# on zero_after_report too (the late zero races a decoder's slot READ) and on
+# count_per_rank (a duplicated read-done lets go under a second reader).
 #
 # The protocol model (model/, stateright) must find each bug too: built with
 # the same cfg, its replay test checks the model's counterexample for the
@@ -62,16 +63,22 @@ for m in $MUTANTS; do
         status=1
     fi
 done
-log=target/mutants/loom_zero_after_report.log
-if RUSTFLAGS='--cfg loom --cfg kvlease_mutant="zero_after_report"' LOOM_MAX_PREEMPTIONS=3 \
-    CARGO_TARGET_DIR=target/loom-mutant cargo test --release --test loom_roles >"$log" 2>&1; then
-    echo "MUTANT SURVIVED: zero_after_report under loom (see ${log})"
-    status=1
-elif grep -q "verified a READ of reused blocks" "$log"; then
-    echo "mutant zero_after_report caught by loom: a decoder verified a READ of reused blocks"
-else
-    echo "loom mutant run failed without the expected failure (see ${log})"
-    tail -20 "$log"
-    status=1
-fi
+# (mutant, the failure message the loom model must print)
+for pair in "zero_after_report|verified a READ of reused blocks" \
+    "count_per_rank|let go while decoder 1 was reading"; do
+    m="${pair%%|*}"
+    want="${pair#*|}"
+    log="target/mutants/loom_${m}.log"
+    if RUSTFLAGS="--cfg loom --cfg kvlease_mutant=\"${m}\"" LOOM_MAX_PREEMPTIONS=3 \
+        CARGO_TARGET_DIR=target/loom-mutant cargo test --release --test loom_roles >"$log" 2>&1; then
+        echo "MUTANT SURVIVED: ${m} under loom (see ${log})"
+        status=1
+    elif grep -q "$want" "$log"; then
+        echo "mutant ${m} caught by loom: ${want}"
+    else
+        echo "loom mutant run ${m} failed without the expected failure (see ${log})"
+        tail -20 "$log"
+        status=1
+    fi
+done
 exit $status

@@ -98,3 +98,72 @@ fn verified_read_implies_the_rank_held_the_blocks() {
         decoder.join().unwrap();
     });
 }
+
+/// Two decoder workers read one P rank (D TP 2, P TP 1: two consumers), and
+/// the first one's read-done arrives twice (a retried send). In every
+/// interleaving the second decoder finds its nonce: the rank lets go only
+/// after *each* reader reported, so a duplicate cannot stand in for a reader
+/// still reading. `.ci/mutants.sh` runs this model with the
+/// `count_per_rank` mutant (read-dones counted per rank) and requires it to
+/// fail.
+#[test]
+fn a_duplicated_read_done_never_frees_under_a_second_reader() {
+    model(|| {
+        let mut config = LeaseConfig::new(EngineShape {
+            num_kv_blocks: 1,
+            max_num_seqs: 0,
+        });
+        config.lease_capacity = 1;
+        let slots = StdArc::new(LeaseSlots::new(config.lease_slots));
+        let mut rank = PrefillRank::new(&config, 0, slots.clone(), Instant::ZERO).unwrap();
+        let mut sched = PrefillScheduler::new(&config, 1, Instant::ZERO).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let g = sched.grant("req-a", Instant::ZERO).unwrap();
+        let lease = g.lease_fields().unwrap();
+        let n = sched.encode_directives(Instant::ZERO, &mut buf).unwrap();
+        rank.apply_directives(&buf[..n], Instant::ZERO).unwrap();
+        let block = Arc::new(AtomicU64::new(OLD));
+        // The read-dones on their way to the P rank, by sender.
+        let inbox: Arc<Mutex<Vec<&'static [u8]>>> = Arc::new(Mutex::new(Vec::new()));
+
+        // Decoder 0 finished long ago: its read-done, sent twice.
+        inbox.lock().unwrap().push(b"d0");
+        // Decoder 1: block READ, slot READ, then its read-done.
+        let d1 = {
+            let (block, slots, inbox) = (block.clone(), slots.clone(), inbox.clone());
+            thread::spawn(move || {
+                let kv = block.load(Ordering::Acquire);
+                let held = slots.load(lease.slot) == Some(lease.nonce.get());
+                assert!(held, "the lease was let go while decoder 1 was reading");
+                assert_eq!(kv, OLD);
+                inbox.lock().unwrap().push(b"d1");
+            })
+        };
+        let dup = {
+            let inbox = inbox.clone();
+            thread::spawn(move || inbox.lock().unwrap().push(b"d0"))
+        };
+
+        // The P rank: apply the three notifications as they come, then report.
+        let mut seen = 0;
+        while seen < 3 {
+            let next = inbox.lock().unwrap().pop();
+            match next {
+                Some(sender) => {
+                    rank.read_done(sender, b"req-a", 2, Some(lease.nonce));
+                    seen += 1;
+                }
+                None => thread::yield_now(),
+            }
+            if rank.pending_reports() > 0 {
+                let mut out = vec![0u8; rank.max_reports_len()];
+                let n = rank.encode_reports(&mut out).unwrap();
+                sched.apply_reports(0, &out[..n]).unwrap();
+                sched.drain_freed(|_| block.store(NEW, Ordering::Release));
+            }
+        }
+        d1.join().unwrap();
+        dup.join().unwrap();
+        assert_eq!(sched.held(), 0, "released once both readers reported");
+    });
+}

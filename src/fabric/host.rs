@@ -306,7 +306,8 @@ impl Fabric for HostFabric {
         #[cfg(not(loom))]
         {
             let id = RegionId(self.locals.len() as u32);
-            self.locals.push((slots.as_ptr() as usize, slots.byte_len()));
+            self.locals
+                .push((slots.as_ptr() as usize, slots.byte_len()));
             self.slots = Some(slots);
             Ok(id)
         }
