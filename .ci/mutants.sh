@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mutation checks: build the library with one deliberate bug at a time
-# (`--cfg kvlease_mutant="..."`, see the cfg blocks in src/producer/) and
+# (`--features mutant_...`, see the cfg blocks in src/producer/) and
 # require the role model test (tests/it/book_model.rs) to FAIL on each. A mutant
 # that passes means the model no longer guards that invariant.
 #
@@ -26,19 +26,22 @@
 # rank, one read-done duplicated), ignore_not_held "a heard cancel ends the
 # lease" (a Grant lost to one rank, then a cancel). Release, as above: a
 # debug build of the mutated roles trips their own debug assertions first
-# (zero_after_report: "slot published while held"). Each costs a build,
-# about 1.5 min on the 2-core VM: ten builds in all, plus loom's.
+# (zero_after_report: "slot published while held").
 #
-# Own target dir: the cfg rebuilds everything and must not evict the normal build.
+# The bugs are cargo features of the library (and of kvlease-model, which
+# forwards them), so switching from one to the next rebuilds the library
+# and what depends on it, not the dependency tree, and a mutated build sits
+# beside the normal one in the same target dir (features are part of an
+# artifact's hash) instead of evicting it: the release dependencies of step
+# 5c and loom's of step 5 are reused.
 set -uo pipefail
 cd "$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)"
 status=0
 MUTANTS="zero_after_report reuse_before_free free_on_first_report count_per_rank ignore_not_held"
+mkdir -p target/mutants
 for m in $MUTANTS; do
     log="target/mutants/${m}.log"
-    mkdir -p target/mutants
-    if RUSTFLAGS="--cfg kvlease_mutant=\"${m}\"" CARGO_TARGET_DIR=target/mutants \
-        cargo test --release --test it -- book_model:: >"$log" 2>&1; then
+    if cargo test --release --features "mutant_${m}" --test it -- book_model:: >"$log" 2>&1; then
         echo "MUTANT SURVIVED: ${m} (the model test passed with the bug in; see ${log})"
         status=1
     elif grep -q "panicked at" "$log"; then
@@ -48,11 +51,8 @@ for m in $MUTANTS; do
         tail -20 "$log"
         status=1
     fi
-done
-for m in $MUTANTS; do
     log="target/mutants/model_${m}.log"
-    if ! RUSTFLAGS="--cfg kvlease_mutant=\"${m}\"" CARGO_TARGET_DIR=target/mutants-model \
-        cargo test --release -p kvlease-model --test replay -- --nocapture >"$log" 2>&1; then
+    if ! cargo test --release -p kvlease-model --features "mutant_${m}" --test replay -- --nocapture >"$log" 2>&1; then
         echo "model mutant run ${m} failed (see ${log})"
         grep -m1 -A3 "panicked at" "$log" || tail -20 "$log"
         status=1
@@ -69,8 +69,8 @@ for pair in "zero_after_report|verified a READ of reused blocks" \
     m="${pair%%|*}"
     want="${pair#*|}"
     log="target/mutants/loom_${m}.log"
-    if RUSTFLAGS="--cfg loom --cfg kvlease_mutant=\"${m}\"" LOOM_MAX_PREEMPTIONS=3 \
-        CARGO_TARGET_DIR=target/loom-mutant cargo test --release --test loom_roles >"$log" 2>&1; then
+    if RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/loom \
+        cargo test --release --features "mutant_${m}" --test loom_roles >"$log" 2>&1; then
         echo "MUTANT SURVIVED: ${m} under loom (see ${log})"
         status=1
     elif grep -q "$want" "$log"; then

@@ -167,7 +167,7 @@ pub fn nonce_source(epoch: u8) -> NonceSource {
 
 /// A deliberate bug in the model's abstraction of the roles; each must make
 /// one property fail. The same five exist in the real code behind
-/// `cfg(kvlease_mutant)` (`.ci/mutants.sh`).
+/// `feature = "mutant_..."` (`.ci/mutants.sh`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mutant {
     /// A rank zeroes its slot only at its next poll, after its report left.

@@ -23,7 +23,7 @@
 //! and registered memory); the model's D only decides from P's slot words,
 //! which is what this compares.
 //!
-//! Built with `--cfg kvlease_mutant="..."`, the real roles carry that bug,
+//! Built with `--features mutant_...`, the real roles carry that bug,
 //! and [`Replay::mutant`] says which model mutant mirrors it, so the replay
 //! also checks that each model mutant is the real bug.
 
@@ -64,15 +64,15 @@ pub struct Replay {
 impl Replay {
     /// The model mutant that mirrors the bug this build's real code carries.
     pub fn mutant() -> Option<Mutant> {
-        if cfg!(kvlease_mutant = "zero_after_report") {
+        if cfg!(feature = "mutant_zero_after_report") {
             Some(Mutant::ZeroAfterReport)
-        } else if cfg!(kvlease_mutant = "reuse_before_free") {
+        } else if cfg!(feature = "mutant_reuse_before_free") {
             Some(Mutant::ReuseBeforeFree)
-        } else if cfg!(kvlease_mutant = "free_on_first_report") {
+        } else if cfg!(feature = "mutant_free_on_first_report") {
             Some(Mutant::FreeOnFirstReport)
-        } else if cfg!(kvlease_mutant = "count_per_rank") {
+        } else if cfg!(feature = "mutant_count_per_rank") {
             Some(Mutant::CountPerRank)
-        } else if cfg!(kvlease_mutant = "ignore_not_held") {
+        } else if cfg!(feature = "mutant_ignore_not_held") {
             Some(Mutant::IgnoreNotHeld)
         } else {
             None

@@ -4,7 +4,7 @@
 //! from named senders), show the same slot words, held leases, time left,
 //! grants, cancels, drains and slot checks after every step.
 //!
-//! Built with `--cfg kvlease_mutant="..."` (`.ci/mutants.sh`), the real
+//! Built with `--features mutant_...` (`.ci/mutants.sh`), the real
 //! roles carry that bug and the model carries its mirror: they must still
 //! agree, and the model must still find the counterexample.
 

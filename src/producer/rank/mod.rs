@@ -151,7 +151,7 @@ pub struct PrefillRank {
     last_directive_seq: Option<u32>,
     report_seq: u32,
     counters: RankCounters,
-    #[cfg(kvlease_mutant = "zero_after_report")]
+    #[cfg(feature = "mutant_zero_after_report")]
     deferred_zero: Vec<u32>,
 }
 
@@ -207,7 +207,7 @@ impl PrefillRank {
             last_directive_seq: None,
             report_seq: 0,
             counters: RankCounters::default(),
-            #[cfg(kvlease_mutant = "zero_after_report")]
+            #[cfg(feature = "mutant_zero_after_report")]
             deferred_zero: Vec::new(),
         })
     }

@@ -38,7 +38,7 @@ impl PrefillRank {
         let bit = 1u128 << who;
         // Mutation check (.ci/mutants.sh): read-dones counted per rank, as
         // before the fix. Must be caught.
-        if !cfg!(kvlease_mutant = "count_per_rank") && self.readers[e as usize] & bit != 0 {
+        if !cfg!(feature = "mutant_count_per_rank") && self.readers[e as usize] & bit != 0 {
             self.counters.read_done_duplicate_sender += 1;
             return ShareOutcome::DuplicateSender;
         }
@@ -67,7 +67,7 @@ impl PrefillRank {
     /// once per step. Costs O(levels + expired + re-placed): a renewed
     /// lease whose old wheel slot comes up is placed again at its deadline.
     pub fn poll(&mut self, now: Instant) {
-        #[cfg(kvlease_mutant = "zero_after_report")]
+        #[cfg(feature = "mutant_zero_after_report")]
         for slot in core::mem::take(&mut self.deferred_zero) {
             self.slots.clear(slot);
         }
@@ -125,11 +125,11 @@ impl PrefillRank {
         debug_assert!(line.is_held());
         let nonce = line.nonce;
         if let Some(slot) = self.layout.slot_of(e) {
-            #[cfg(not(kvlease_mutant = "zero_after_report"))]
+            #[cfg(not(feature = "mutant_zero_after_report"))]
             self.slots.clear(slot);
             // Mutation check (.ci/mutants.sh): the slot is zeroed only at the
             // next poll, after the report may have left. Must be caught.
-            #[cfg(kvlease_mutant = "zero_after_report")]
+            #[cfg(feature = "mutant_zero_after_report")]
             self.deferred_zero.push(slot);
         }
         let h = self.hashes[e as usize];

@@ -73,7 +73,7 @@ impl PrefillScheduler {
         if report.reason == ReleaseReason::NotHeld {
             // Mutation check (.ci/mutants.sh): "not held" answers ignored,
             // as before the fix. Must be caught.
-            if cfg!(kvlease_mutant = "ignore_not_held") {
+            if cfg!(feature = "mutant_ignore_not_held") {
                 bits[w] &= !(1 << b);
                 return ReportOutcome::Stale;
             }
@@ -88,7 +88,7 @@ impl PrefillScheduler {
         );
         // Mutation check (.ci/mutants.sh): blocks freed once one rank
         // reported. Must be caught.
-        let all = if cfg!(kvlease_mutant = "free_on_first_report") {
+        let all = if cfg!(feature = "mutant_free_on_first_report") {
             1
         } else {
             self.ranks
@@ -136,7 +136,7 @@ impl PrefillScheduler {
             let slot = lease.slot.take();
             // Mutation check (.ci/mutants.sh): the slot goes back to the pool
             // before the engine freed the blocks. Must be caught.
-            #[cfg(kvlease_mutant = "reuse_before_free")]
+            #[cfg(feature = "mutant_reuse_before_free")]
             let slot = slot.and_then(|t| {
                 self.pool.give_back(t);
                 None
