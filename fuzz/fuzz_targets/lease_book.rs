@@ -44,9 +44,12 @@ fuzz_target!(|input: Input<'_>| {
         let _ = book.grant(id, Instant::ZERO);
     }
     let mut now = Instant::from_secs(1);
-    for msg in notifications.split(|&b| b == b'\n') {
+    // Senders from a small set, so that duplicates from one sender happen.
+    let senders = ["d0", "d1", "d2"];
+    for (k, msg) in notifications.split(|&b| b == b'\n').enumerate() {
         let before = book.held();
-        if let Ok(s) = book.on_notification(u32::from(shape % 2), msg, now) {
+        let from = senders[(k + usize::from(shape)) % senders.len()];
+        if let Ok(s) = book.on_notification(u32::from(shape % 2), from, msg, now) {
             assert!(s.renewed as usize + s.ignored as usize <= msg.len());
         }
         assert!(book.held() <= before, "a notification created a lease");
