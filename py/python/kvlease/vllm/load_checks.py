@@ -60,9 +60,9 @@ class LoadChecks:
         self.checker = SlotChecker(config, capacity, max_peers, name)
         self.read_timeout = config.lease_duration
         self._lock = threading.Lock()
-        self._adverts: dict[str, tuple[int, int, int] | None] = {}
-        self._peers: dict[str, tuple[int, int]] = {}
-        self._peer_of: dict[int, tuple[str, int]] = {}
+        self._adverts: dict[str | bytes, tuple[int, int, int] | None] = {}
+        self._peers: dict[str | bytes, tuple[int, int]] = {}
+        self._peer_of: dict[int, tuple[str | bytes, int]] = {}
         #: Requests whose block READs are under way, by local request id.
         self.recording: dict[str, LeaseRead] = {}
         self._checking: dict[int, LeaseRead] = {}
@@ -95,7 +95,7 @@ class LoadChecks:
             for key, name in agents.items():
                 self._adverts[name] = adverts.get(key)
 
-    def peer_for(self, agent_name: str) -> tuple[int, int] | None:
+    def peer_for(self, agent_name: str | bytes) -> tuple[int, int] | None:
         """(checker peer, slot array base) of a P rank that advertises lease
         slots; None for one that does not (stock vLLM)."""
         found = self._peers.get(agent_name)
@@ -106,12 +106,14 @@ class LoadChecks:
         if advert is None:
             return None
         base, _nbytes, count = advert
-        peer = self.checker.add_peer(agent_name, count)
+        # NIXL hands agent names out as bytes; the checker keys them as text.
+        text = agent_name.decode("utf-8", "replace") if isinstance(agent_name, bytes) else agent_name
+        peer = self.checker.add_peer(text, count)
         self._peers[agent_name] = (peer, base)
         self._peer_of[peer] = (agent_name, base)
         return peer, base
 
-    def forget(self, agent_names: list[str]) -> None:
+    def forget(self, agent_names: list[str | bytes]) -> None:
         """P ranks whose agents vLLM removed (engine evicted or replaced)."""
         for name in agent_names:
             with self._lock:
