@@ -30,6 +30,22 @@ else:
             sys.path.insert(0, p)
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not HAVE_VLLM:
+        return
+    from harness.figures import FIGURES
+
+    if not FIGURES:
+        return
+    terminalreporter.section("kvlease end-to-end figures")
+    for line in FIGURES:
+        terminalreporter.write_line(line)
+    path = os.environ.get("KVLEASE_E2E_FIGURES")
+    if path:
+        with open(path, "a") as f:
+            f.write("\n".join(FIGURES) + "\n")
+
+
 def pytest_report_header(config):
     if not HAVE_VLLM:
         return "py/tests/vllm: not collected (no vLLM / nixl_cu12 / VLLM_TESTS_DIR; run py/ci/run-vllm.sh)"

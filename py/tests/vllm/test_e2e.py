@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import TRANSPORTS
 from harness.cluster import NodeProcess, free_port
+from harness.figures import figure
 from harness.kv_pattern import block_value
 
 LEASE = 6
@@ -27,13 +28,6 @@ EXTENSION = LEASE * 2 // 3
 PROMPT = 80  # 3 blocks of 32; the last token does not start a block
 _keys = itertools.count(100)
 
-# One figure per case, printed at the end of the run (run-vllm.sh keeps it).
-FIGURES: list[str] = []
-
-
-def figure(text: str) -> None:
-    FIGURES.append(text)
-    print(text)
 
 
 @pytest.fixture(scope="module", params=sorted(TRANSPORTS))
@@ -115,3 +109,210 @@ def test_happy_path_verified_after_waiting(nodes, transport):
     )
     teardown(P, pe)
     teardown(D, de)
+
+
+def _lapse_scenario(P, D, transport, tag, **engine_kw):
+    """A's lease lapses while D waits with its heartbeats lost; B is then
+    prefilled into A's freed blocks; D finally reads A's block ids. Returns
+    (A prefill, B prefill, D's result for A, P's free of A)."""
+    pe, de = f"p-{tag}-{transport}", f"d-{tag}-{transport}"
+    # 8 usable blocks: B (8 blocks) must take every block A held (3).
+    P.call("setup", spec=spec(transport, pe, "P", num_blocks=9, **engine_kw))
+    D.call("setup", spec=spec(transport, de, "D", max_num_seqs=1, **engine_kw))
+    blocker = D.call("local", engine=de, key=next(_keys), tokens=32, max_tokens=100000)
+    D.call("drop_heartbeats", engine=de, on=True)
+    ka, kb = next(_keys), next(_keys)
+    a = P.call("prefill", engine=pe, key=ka, tokens=PROMPT, timeout=30)
+    rid = D.call("add_decode", engine=de, key=ka, tokens=PROMPT, params=a["params"])
+    freed_a = P.call("wait_freed", engine=pe, request_id=a["request_id"], timeout=LEASE + 20)
+    assert not freed_a["timeout"], "A's lease never lapsed"
+    b = P.call("prefill", engine=pe, key=kb, tokens=8 * 32, timeout=30)
+    dropped = D.call("drop_heartbeats", engine=de, on=False)
+    assert dropped >= 1, "no heartbeat was dropped: the case did not run as intended"
+    D.call("abort", engine=de, request_id=blocker)
+    got = D.call("result", engine=de, request_id=rid, timeout=30)
+    assert not got["timeout"]
+    b["key"] = kb
+    return pe, de, a, b, got, freed_a
+
+
+def _reused_values(a_params, b) -> list[set[int]]:
+    """What A's block ids hold on P once B overwrote them."""
+    a_blocks = list(a_params["remote_block_ids"][0])
+    b_blocks = list(b["params"]["remote_block_ids"][0])
+    assert set(a_blocks) <= set(b_blocks), (a_blocks, b_blocks)
+    return [{block_value(b["prompt"], b_blocks.index(x))} for x in a_blocks]
+
+
+def test_lapsed_lease_fails_the_check_and_d_recomputes(nodes, transport):
+    """The lease lapses while D waits (heartbeats lost); P frees A's blocks
+    and B overwrites them; D's READ of A gets B's bytes, its slot check fails,
+    vLLM's scheduler recomputes A (kv_load_failure_policy: recompute), and A
+    ends with its own KV."""
+    P, D = nodes
+    pe, de, a, b, got, freed_a = _lapse_scenario(P, D, transport, "lapse")
+    held = freed_a["freed_at"] - a["finished_at"]
+    assert LEASE - 0.05 <= held <= LEASE + 2.0, f"A held {held:.2f} s, lease {LEASE} s"
+    wrong = _reused_values(a["params"], b)
+    right = expected(a["prompt"])
+    assert wrong != right
+    assert got["load_failed"], "the lapsed load was not reported failed"
+    assert got["read_bytes"] == wrong, "the READ did not land B's KV: the case proves nothing"
+    assert got["recomputed"], "vLLM's scheduler did not recompute A"
+    assert got["seen"] == right, "A does not end with its own KV"
+    # D reads B as usual afterwards: verified, and P frees B on the read-done.
+    got_b = D.call("decode", engine=de, key=b["key"], tokens=8 * 32, params=b["params"],
+                   timeout=30)
+    assert got_b["seen"] == expected(b["prompt"]) and not got_b["load_failed"]
+    P.call("wait_freed", engine=pe, request_id=b["request_id"], timeout=30)
+    prep, drep = assert_no_leaks(P, pe), assert_no_leaks(D, de)
+    sched, check = prep["counters"]["scheduler"], drep["counters"]["check0"]
+    assert sched["expired"] == 1 and sched["released_read"] == 1, sched
+    assert check["lapsed"] == 1 and check["verified"] == 1, check
+    assert drep["stats_reduced"]["KV lease checks failed"] == 1
+    assert prep["stats_reduced"]["KV leases expired"] == 1
+    figure(
+        f"[{transport}] lapse: A expired after {held:.2f} s (lease {LEASE} s); D's READ landed "
+        f"B's bytes {sorted(v for s in got['read_bytes'] for v in s)} where A's are "
+        f"{sorted(v for s in right for v in s)}; check: lapsed, load failed, recomputed, "
+        f"A ends with its own KV"
+    )
+    teardown(P, pe)
+    teardown(D, de)
+
+
+@pytest.mark.parametrize("connector", ["stock", "kvlease-off"])
+def test_lapse_without_verification_serves_wrong_kv(nodes, transport, connector):
+    """The control: the same lapse with stock vLLM (NixlConnector), and with
+    KvLeaseNixlConnector at kv_lease_verification: false (which must behave
+    exactly as stock). D takes B's bytes as A's KV and reports the load done."""
+    if transport != "shm":
+        pytest.skip("the control runs over shared memory only (it tests no transport)")
+    P, D = nodes
+    kw = {"connector": "stock"} if connector == "stock" else {"verification": False}
+    pe, de, a, b, got, _ = _lapse_scenario(P, D, transport, f"control-{connector}", **kw)
+    wrong = _reused_values(a["params"], b)
+    assert "remote_lease_slot" not in a["params"]
+    assert not got["load_failed"] and not got["recomputed"]
+    assert got["seen"] == wrong, "D did not end with B's KV: the control proves nothing"
+    assert got["seen"] != expected(a["prompt"])
+    got_b = D.call("decode", engine=de, key=b["key"], tokens=8 * 32, params=b["params"],
+                   timeout=30)
+    assert got_b["seen"] == expected(b["prompt"])
+    P.call("wait_freed", engine=pe, request_id=b["request_id"], timeout=30)
+    assert_no_leaks(P, pe)
+    assert_no_leaks(D, de)
+    figure(f"[{transport}] control ({connector}): D served B's KV as A's, load reported done")
+    teardown(P, pe)
+    teardown(D, de)
+
+
+def test_d_killed_p_reclaims(nodes, transport, tmp_path):
+    """D heartbeats while its request waits, then its process is killed
+    (SIGKILL): P reclaims the blocks within extension + interval."""
+    P, _ = nodes
+    env, _ = TRANSPORTS[transport]
+    Dk = NodeProcess(f"Dkill-{transport}", env, tmp_path)
+    try:
+        pe, de = f"p-kill-{transport}", f"d-kill-{transport}"
+        P.call("setup", spec=spec(transport, pe, "P"))
+        Dk.call("setup", spec=spec(transport, de, "D", max_num_seqs=1))
+        Dk.call("local", engine=de, key=next(_keys), tokens=32, max_tokens=100000)
+        key = next(_keys)
+        a = P.call("prefill", engine=pe, key=key, tokens=PROMPT, timeout=30)
+        Dk.call("add_decode", engine=de, key=key, tokens=PROMPT, params=a["params"])
+        Dk.call("sleep", seconds=LEASE + 2.0)  # heartbeats carry it past the initial lease
+        Dk.kill()
+        killed = time.time()
+        freed = P.call("wait_freed", engine=pe, request_id=a["request_id"], timeout=30)
+    finally:
+        Dk.close()
+    assert not freed["timeout"]
+    since_hb = freed["freed_at"] - freed["last_heartbeat"]
+    since_kill = freed["freed_at"] - killed
+    assert freed["last_heartbeat"] > a["finished_at"] + LEASE - INTERVAL - 1.0
+    assert EXTENSION - 0.1 <= since_hb <= EXTENSION + 1.5, f"{since_hb:.2f} s after the last heartbeat"
+    assert since_kill <= EXTENSION + INTERVAL + 1.5, f"{since_kill:.2f} s after the kill"
+    prep = assert_no_leaks(P, pe)
+    assert prep["counters"]["scheduler"]["expired"] == 1
+    figure(
+        f"[{transport}] D killed: P reclaimed {since_kill:.2f} s after the kill, "
+        f"{since_hb:.2f} s after the last heartbeat (extension {EXTENSION} s, interval {INTERVAL} s)"
+    )
+    teardown(P, pe)
+
+
+@pytest.mark.parametrize("p_tp,d_tp", [(2, 1), (1, 2)])
+def test_heterogeneous_tp(nodes, transport, p_tp, d_tp):
+    """P TP 2 with D TP 1 (one D rank reads and checks two P ranks), and P
+    TP 1 with D TP 2 (two D ranks read one P rank, which waits for both
+    read-dones)."""
+    P, D = nodes
+    pe, de = f"p-tp{p_tp}{d_tp}-{transport}", f"d-tp{p_tp}{d_tp}-{transport}"
+    P.call("setup", spec=spec(transport, pe, "P", tp=p_tp))
+    D.call("setup", spec=spec(transport, de, "D", tp=d_tp))
+    key = next(_keys)
+    a = P.call("prefill", engine=pe, key=key, tokens=PROMPT, timeout=30)
+    got = D.call("decode", engine=de, key=key, tokens=PROMPT, params=a["params"], timeout=30)
+    freed = P.call("wait_freed", engine=pe, request_id=a["request_id"], timeout=30)
+    assert not got["timeout"] and not freed["timeout"]
+    assert got["seen"] == expected(a["prompt"]) and not got["load_failed"]
+    prep, drep = assert_no_leaks(P, pe), assert_no_leaks(D, de)
+    c = prep["counters"]
+    assert c["scheduler"]["released_read"] == 1 and c["scheduler"]["expired"] == 0
+    for r in range(p_tp):
+        assert c[f"rank{r}"]["released_read"] == 1
+        # One read-done per D rank that read this P rank.
+        assert c[f"rank{r}"]["read_done"] == max(1, d_tp // p_tp), c[f"rank{r}"]
+    checks = [drep["counters"][f"check{r}"] for r in range(d_tp)]
+    assert all(ch["verified"] == 1 for ch in checks), checks
+    reads = sum(ch["slot_reads"] for ch in checks)
+    assert reads == max(p_tp, d_tp), checks
+    figure(
+        f"[{transport}] P TP {p_tp} / D TP {d_tp}: verified on {d_tp} D rank(s) with "
+        f"{reads} slot READ(s); every P rank released on its read-dones; "
+        f"P freed {(freed['freed_at'] - got['loaded_at']) * 1e3:.0f} ms after the load"
+    )
+    teardown(P, pe)
+    teardown(D, de)
+
+
+@pytest.mark.parametrize("p_conn,d_conn", [("kvlease", "stock"), ("stock", "kvlease")])
+def test_mixed_fleet(nodes, transport, p_conn, d_conn):
+    """A kvlease P with a stock vLLM D, and a stock P with a kvlease D, behave
+    as stock vLLM does; a stock P receives only vLLM's own notification forms."""
+    P, D = nodes
+    pe, de = f"p-mix-{p_conn}-{transport}", f"d-mix-{d_conn}-{transport}"
+    P.call("setup", spec=spec(transport, pe, "P", connector=p_conn))
+    D.call("setup", spec=spec(transport, de, "D", connector=d_conn, max_num_seqs=1))
+    blocker = D.call("local", engine=de, key=next(_keys), tokens=32, max_tokens=100000)
+    key = next(_keys)
+    a = P.call("prefill", engine=pe, key=key, tokens=PROMPT, timeout=30)
+    assert ("remote_lease_nonce" in a["params"]) == (p_conn == "kvlease")
+    rid = D.call("add_decode", engine=de, key=key, tokens=PROMPT, params=a["params"])
+    D.call("sleep", seconds=2.5 * INTERVAL)  # a few heartbeats while it waits
+    D.call("abort", engine=de, request_id=blocker)
+    got = D.call("result", engine=de, request_id=rid, timeout=30)
+    freed = P.call("wait_freed", engine=pe, request_id=a["request_id"], timeout=30)
+    assert not got["timeout"] and not freed["timeout"]
+    assert got["seen"] == expected(a["prompt"]) and not got["load_failed"]
+    assert freed["heartbeats"] >= 1
+    notifs = P.call("notifs", engine=pe)
+    read_dones = [m for m in notifs if not m.startswith(b"HB")]
+    assert read_dones == [f"{a['request_id']}:1".encode()], notifs
+    assert not any(m.startswith(b"HBC:") or b":nonce=" in m for m in notifs)
+    prep, drep = assert_no_leaks(P, pe), assert_no_leaks(D, de)
+    if p_conn == "kvlease":
+        r = prep["counters"]["rank0"]
+        assert r["read_done_without_nonce"] == 1 and r["released_read"] == 1 and r["renewed"] >= 1
+    else:
+        assert drep["stats_reduced"]["KV loads unverified"] == 1
+        assert drep["counters"]["check0"]["submitted"] == 0
+    figure(
+        f"[{transport}] mixed {p_conn} P / {d_conn} D: stock behaviour, {freed['heartbeats']} "
+        f"heartbeats, read-done {read_dones[0].decode()!r}, KV correct"
+        + ("; D counted the load unverified" if d_conn == "kvlease" else "")
+    )
+    teardown(P, pe)
+    teardown(D, de)
+

@@ -108,28 +108,8 @@ class Node:
 
         self._wait(msg_id, timeout, done)
 
-    def cmd_decode(self, msg_id: int, engine: str, key: int, tokens: int,
-                   params: dict[str, Any], timeout: float) -> None:
-        e = self.engines[engine]
-        rid = e.add_decode(key, tokens, params)
-
-        def done(expired: bool) -> Any:
-            t = e.tracked[rid]
-            if t.freed_at is None and not expired:
-                return None
-            return {"request_id": rid, "seen": t.seen, "recomputed": t.recomputed,
-                    "load_failed": t.load_failed, "freed_at": t.freed_at,
-                    "prompt": t.prompt, "timeout": t.freed_at is None}
-
-        self._wait(msg_id, timeout, done)
-
-    def cmd_add_decode(self, msg_id: int, engine: str, key: int, tokens: int,
-                       params: dict[str, Any]) -> None:
-        """Adds a D request and answers at once (its result: ``cmd_result``)."""
-        self._reply(msg_id, self.engines[engine].add_decode(key, tokens, params))
-
-    def cmd_result(self, msg_id: int, engine: str, request_id: str, timeout: float) -> None:
-        e = self.engines[engine]
+    def _result(self, e: Any, request_id: str) -> Callable[[bool], Any]:
+        """Answers once D freed ``request_id`` (its run is over)."""
 
         def done(expired: bool) -> Any:
             t = e.tracked[request_id]
@@ -137,11 +117,25 @@ class Node:
                 return None
             return {"request_id": request_id, "seen": t.seen, "recomputed": t.recomputed,
                     "load_failed": t.load_failed, "freed_at": t.freed_at,
-                    "finished_at": t.finished_at, "prompt": t.prompt,
-                    "read_bytes": t.read_bytes, "loaded_at": t.loaded_at,
+                    "finished_at": t.finished_at, "loaded_at": t.loaded_at,
+                    "prompt": t.prompt, "read_bytes": t.read_bytes,
                     "timeout": t.freed_at is None}
 
-        self._wait(msg_id, timeout, done)
+        return done
+
+    def cmd_decode(self, msg_id: int, engine: str, key: int, tokens: int,
+                   params: dict[str, Any], timeout: float) -> None:
+        """Adds a D request and answers when it is over."""
+        e = self.engines[engine]
+        self._wait(msg_id, timeout, self._result(e, e.add_decode(key, tokens, params)))
+
+    def cmd_add_decode(self, msg_id: int, engine: str, key: int, tokens: int,
+                       params: dict[str, Any]) -> None:
+        """Adds a D request and answers at once (its result: ``cmd_result``)."""
+        self._reply(msg_id, self.engines[engine].add_decode(key, tokens, params))
+
+    def cmd_result(self, msg_id: int, engine: str, request_id: str, timeout: float) -> None:
+        self._wait(msg_id, timeout, self._result(self.engines[engine], request_id))
 
     def cmd_local(self, msg_id: int, engine: str, key: int, tokens: int, max_tokens: int) -> None:
         self._reply(msg_id, self.engines[engine].add_local(key, tokens, max_tokens))
