@@ -50,12 +50,3 @@ def pytest_report_header(config):
     if not HAVE_VLLM:
         return "py/tests/vllm: not collected (no vLLM / nixl_cu12 / VLLM_TESTS_DIR; run py/ci/run-vllm.sh)"
     return None
-
-
-#: UCX transports of the end-to-end tests: process environment, and the
-#: ucx_backend_params vLLM passes to NIXL's UCX backend (shared memory alone
-#: needs UCX error handling "none").
-TRANSPORTS = {
-    "shm": ({"UCX_TLS": "shm"}, {"ucx_error_handling_mode": "none"}),
-    "tcp": ({"UCX_TLS": "tcp"}, None),
-}

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TRANSPORTS
 from harness.cluster import NodeProcess, free_port
 from harness.figures import figure
 from harness.kv_pattern import block_value
+from harness.transports import TRANSPORTS
 
 LEASE = 6
 INTERVAL = LEASE // 6
@@ -316,3 +316,23 @@ def test_mixed_fleet(nodes, transport, p_conn, d_conn):
     teardown(P, pe)
     teardown(D, de)
 
+
+
+def test_p_abort_cancels_the_lease(nodes, transport):
+    """A do_remote_decode request aborted on P mid-prefill (2000 tokens in
+    chunks of 1024; opt-125m's context is 2048): its assigned
+    lease is cancelled, every rank zeroes its slot, the slot returns, vLLM
+    frees the blocks itself (no finished_sending for it)."""
+    if transport != "shm":
+        pytest.skip("P-local bookkeeping: one transport suffices")
+    P, _ = nodes
+    pe = f"p-abort-{transport}"
+    P.call("setup", spec=spec(transport, pe, "P", tp=2, num_blocks=80))
+    got = P.call("abort_prefill", engine=pe, key=next(_keys), tokens=2000, steps=1)
+    assert got["status_before_abort"] == "assigned" and 0 < got["computed"] < 2000
+    rep = assert_no_leaks(P, pe)
+    c = rep["counters"]
+    assert c["scheduler"]["cancelled"] == 1 and c["scheduler"]["slots_returned"] == 1
+    assert c["rank0"]["cancelled"] == 1 and c["rank1"]["cancelled"] == 1
+    assert rep["stats_reduced"]["KV leases cancelled"] == 1
+    teardown(P, pe)

@@ -116,13 +116,15 @@ class EngineSpec:
             extra["ucx_backend_params"] = dict(self.ucx_backend_params)
         cfg: dict[str, Any] = {
             "kv_role": "kv_producer" if self.role == "P" else "kv_consumer",
-            "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": extra,
         }
+        if self.role == "D":
+            cfg["kv_load_failure_policy"] = "recompute"
         if self.connector == "kvlease":
             cfg["kv_connector"] = "KvLeaseNixlConnector"
             cfg["kv_connector_module_path"] = "kvlease.vllm"
-            extra["kv_lease_verification"] = self.verification
+            if not self.verification:
+                extra["kv_lease_verification"] = False
         else:
             cfg["kv_connector"] = "NixlConnector"
         return cfg
@@ -163,7 +165,7 @@ class Engine:
             kv_connector=tc["kv_connector"],
             kv_connector_module_path=tc.get("kv_connector_module_path"),
             kv_role=tc["kv_role"],
-            kv_load_failure_policy=tc["kv_load_failure_policy"],
+            kv_load_failure_policy=tc.get("kv_load_failure_policy", "fail"),
             kv_connector_extra_config=tc["kv_connector_extra_config"],
         )
         vc = self.vllm_config
@@ -276,6 +278,12 @@ class Engine:
             w.bind_connector_metadata(meta)
         self._model(so)
         req_ids = list(so.num_scheduled_tokens)
+        # A chunk of a prefill samples nothing (vLLM's runners discard it).
+        sampled = [
+            [] if (t := self.tracked.get(rid)) is not None
+            and t.request.num_computed_tokens < len(t.prompt) else [SAMPLED_TOKEN]
+            for rid in req_ids
+        ]
         outputs = []
         for w in self.workers:
             w.start_load_kv(None)
@@ -294,7 +302,7 @@ class Engine:
             outputs.append(
                 ModelRunnerOutput(
                     req_ids=req_ids,
-                    sampled_token_ids=[[SAMPLED_TOKEN] for _ in req_ids],
+                    sampled_token_ids=[list(x) for x in sampled],
                     kv_connector_output=kvo,
                 )
             )

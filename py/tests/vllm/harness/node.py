@@ -137,6 +137,19 @@ class Node:
     def cmd_result(self, msg_id: int, engine: str, request_id: str, timeout: float) -> None:
         self._wait(msg_id, timeout, self._result(self.engines[engine], request_id))
 
+    def cmd_abort_prefill(self, msg_id: int, engine: str, key: int, tokens: int, steps: int) -> None:
+        """P: adds a do_remote_decode request, runs ``steps`` engine steps
+        (its chunked prefill under way, its lease assigned), then aborts it."""
+        e = self.engines[engine]
+        rid = e.add_prefill(key, tokens)
+        for _ in range(steps):
+            e.step()
+        assigned = getattr(e.connector.connector_scheduler, "_kvl_prefill", None)
+        status = assigned.sched.status(rid) if assigned is not None else None
+        e.abort(rid)
+        self._reply(msg_id, {"request_id": rid, "status_before_abort": status,
+                             "computed": e.tracked[rid].request.num_computed_tokens})
+
     def cmd_local(self, msg_id: int, engine: str, key: int, tokens: int, max_tokens: int) -> None:
         self._reply(msg_id, self.engines[engine].add_local(key, tokens, max_tokens))
 
