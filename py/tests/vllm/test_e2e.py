@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from pathlib import Path
 
 import pytest
 from harness.cluster import NodeProcess, free_port
