@@ -17,15 +17,31 @@ from kvlease.vllm import KvLeaseNixlConnector
 DOC = Path(__file__).resolve().parents[3] / "docs" / "vllm.md"
 
 
-def documented() -> dict[str, dict]:
-    """{"P": config, "D": config} from the two `vllm serve` commands."""
+def section(title: str, to_end: bool = False) -> str:
     text = DOC.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = -1 if to_end else text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def configs(text: str) -> dict[str, dict]:
     found = re.findall(r"--kv-transfer-config '(\{.*?\})'", text)
-    configs = [json.loads(c) for c in found]
+    parsed = [json.loads(c) for c in found]
     by_role = {"kv_producer": "P", "kv_consumer": "D"}
-    out = {by_role[c["kv_role"]]: c for c in configs}
-    assert len(configs) == 2 and set(out) == {"P", "D"}, found
+    out = {by_role[c["kv_role"]]: c for c in parsed}
+    assert len(parsed) == 2 and set(out) == {"P", "D"}, found
     return out
+
+
+def documented() -> dict[str, dict]:
+    """{"P": config, "D": config} from the two `vllm serve` commands of "Run"."""
+    return configs(section("Run"))
+
+
+def test_readme_section_shows_the_same_commands():
+    short = configs(section("README section", to_end=True))  # the last section
+    for role, cfg in documented().items():
+        assert short[role] == {k: v for k, v in cfg.items() if k != "kv_connector_extra_config"}
 
 
 @pytest.mark.parametrize("role", ["P", "D"])

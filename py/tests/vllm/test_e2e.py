@@ -335,3 +335,35 @@ def test_p_abort_cancels_the_lease(nodes, transport):
     assert c["rank0"]["cancelled"] == 1 and c["rank1"]["cancelled"] == 1
     assert rep["stats_reduced"]["KV leases cancelled"] == 1
     teardown(P, pe)
+
+
+def test_prefill_longer_than_max_pin_falls_back_to_vllms_lease(nodes, transport):
+    """A lease assigned at first scheduling lapses before the prefill ends
+    (``kv_lease_max_pin``): P serves the request with vLLM's own lease and no
+    lease fields, a verifying D fails the load as unverifiable and
+    recomputes, and vLLM's lease on P is released by D's read-done."""
+    if transport != "shm":
+        pytest.skip("P-local bookkeeping: one transport suffices")
+    P, D = nodes
+    pe, de = f"p-pin-{transport}", f"d-pin-{transport}"
+    # Chunks of 512: the expiry is reported (step 2) before the prefill ends.
+    P.call("setup", spec=spec(transport, pe, "P", num_blocks=80, max_num_batched_tokens=512,
+                              extra={"kv_lease_max_pin": 1}))
+    D.call("setup", spec=spec(transport, de, "D", num_blocks=80))
+    key = next(_keys)
+    a = P.call("prefill_paused", engine=pe, key=key, tokens=2000, pause_s=2.0, timeout=30)
+    assert "remote_lease_nonce" not in a["params"]
+    got = D.call("decode", engine=de, key=key, tokens=2000, params=a["params"], timeout=60)
+    freed = P.call("wait_freed", engine=pe, request_id=a["request_id"], timeout=30)
+    assert not got["timeout"] and not freed["timeout"]
+    assert got["load_failed"] and got["recomputed"] and got["seen"] == expected(a["prompt"])
+    prep, drep = assert_no_leaks(P, pe), assert_no_leaks(D, de)
+    assert prep["counters"]["rank0"]["pinned_expired"] == 1
+    assert prep["stats_reduced"]["KV leases without slot"] == 1
+    assert drep["counters"]["check0"]["unverifiable"] == 1
+    figure(
+        f"[{transport}] prefill past kv_lease_max_pin: vLLM's lease took over, no lease fields, "
+        f"D failed the load as unverifiable and recomputed; P freed on D's read-done"
+    )
+    teardown(P, pe)
+    teardown(D, de)

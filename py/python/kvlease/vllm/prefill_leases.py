@@ -50,6 +50,10 @@ class PrefillLeases:
         self._to_assign: set[str] = set()
         #: Assigned (or started): request id -> (slot, nonce) or None.
         self.fields: dict[str, tuple[int, int] | None] = {}
+        #: Taken out of vLLM's worker tracking at assignment (reqs_in_batch)
+        #: and not finished yet: if kvlease lets one of them go before its
+        #: prefill ends, vLLM's worker must track it again (``finished``).
+        self.untracked: set[str] = set()
         #: request_finished returned delay_free=True for these; each goes to
         #: finished_sending exactly once, when its lease is released.
         self.delayed: set[str] = set()
@@ -84,6 +88,7 @@ class PrefillLeases:
                 continue
             held.add(rid)
         self._to_assign.clear()
+        self.untracked |= held
         return held
 
     def directives(self, now: float) -> bytes:
@@ -94,17 +99,31 @@ class PrefillLeases:
 
     def finished(
         self, request_id: str, delay_free: bool, params: dict[str, Any] | None, now: float
-    ) -> bool:
+    ) -> str:
         """``request_finished`` of a request: start its lease and export its
         fields when vLLM keeps the blocks for D, cancel it otherwise.
-        Returns whether kvlease holds the blocks now (then vLLM's worker
-        must not: the caller drops the stock deadline)."""
+        Returns ``"held"`` (kvlease holds the blocks: the caller drops vLLM's
+        deadline), ``"vllm"`` (vLLM's lease as usual), or ``"returned"``
+        (kvlease let go of it before its prefill ended, so vLLM's lease
+        applies and vLLM's worker must track the request again)."""
         self._to_assign.discard(request_id)
+        untracked = request_id in self.untracked
+        self.untracked.discard(request_id)
         if request_id not in self.fields:
-            return False
+            if not (untracked and delay_free):
+                return "vllm"
+            # Its pinned lease lapsed during a prefill longer than
+            # kv_lease_max_pin, and the release was already reported.
+            logger.warning(
+                "kvlease: lease of request %s lapsed during its prefill: vLLM's own "
+                "lease applies and its KV cannot be verified",
+                request_id,
+            )
+            self.stats.record_lease("kv_lease_unslotted")
+            return "returned"
         if not delay_free or params is None:
             self.cancel(request_id)
-            return False
+            return "vllm"
         fields = self.fields[request_id]
         try:
             self.sched.start(request_id, now)
@@ -119,19 +138,20 @@ class PrefillLeases:
             )
             self.fields.pop(request_id, None)
             self.stats.record_lease("kv_lease_unslotted")
-            return False
+            return "returned"
         if fields is not None:
             params[SLOT_KEY], params[NONCE_KEY] = fields
             self.stats.record_lease("kv_lease_granted")
         else:
             self.stats.record_lease("kv_lease_unslotted")
         self.delayed.add(request_id)
-        return True
+        return "held"
 
     def cancel(self, request_id: str) -> None:
         """The request ended without handing its blocks to D (aborted,
         preempted for good, or finished without blocks)."""
         self._to_assign.discard(request_id)
+        self.untracked.discard(request_id)
         if request_id in self.fields:
             del self.fields[request_id]
             self.sched.cancel(request_id)
@@ -172,8 +192,8 @@ class PrefillLeases:
                 # vLLM's own counter of reclaimed requests, as its reaper keeps it.
                 self.stats.record_kv_expired_req()
                 logger.warning(
-                    "kvlease: lease of request %s expired (no heartbeat): its KV "
-                    "blocks are released",
+                    "kvlease: lease of request %s expired (no heartbeat, or a prefill "
+                    "longer than kv_lease_max_pin): its lease slot is released",
                     rid,
                 )
             elif reason == "cancelled":
@@ -194,3 +214,4 @@ class PrefillLeases:
         for rid in list(self.fields):
             self.sched.cancel(rid)
         self.fields.clear()
+        self.untracked.clear()

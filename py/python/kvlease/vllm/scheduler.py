@@ -118,11 +118,18 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         delay_free, params = super().request_finished(request, block_ids)
         prefill = self._kvl_prefill
-        if prefill is not None and prefill.finished(
-            request.request_id, delay_free, params, _now()
-        ):
+        if prefill is None:
+            return delay_free, params
+        rid = request.request_id
+        outcome = prefill.finished(rid, delay_free, params, _now())
+        if outcome == "held":
             # The lease is kvlease's: no deadline for vLLM's worker dict.
-            self._reqs_need_send.pop(request.request_id, None)
+            self._reqs_need_send.pop(rid, None)
+        elif outcome == "returned":
+            # kvlease let it go mid-prefill (kv_lease_max_pin): vLLM's lease
+            # applies, and its worker only keeps deadlines of requests it saw
+            # in a batch. The next metadata carries both, batch first.
+            self._reqs_in_batch.add(rid)
         return delay_free, params
 
     def update_connector_output(self, connector_output: Any) -> None:

@@ -103,6 +103,7 @@ class EngineSpec:
     tp: int = 1
     num_blocks: int = 64
     max_num_seqs: int = 8
+    max_num_batched_tokens: int = 1024
     lease_duration: int = 6
     verification: bool = True
     ucx_backend_params: dict[str, str] | None = None
@@ -161,7 +162,7 @@ class Engine:
         self.vllm_config = create_vllm_config(
             block_size=BLOCK_SIZE,
             max_num_seqs=spec.max_num_seqs,
-            max_num_batched_tokens=1024,
+            max_num_batched_tokens=spec.max_num_batched_tokens,
             kv_connector=tc["kv_connector"],
             kv_connector_module_path=tc.get("kv_connector_module_path"),
             kv_role=tc["kv_role"],

@@ -37,6 +37,8 @@ class Node:
         # (deadline, msg id, condition -> reply or None)
         self.waiters: list[tuple[float, int, Callable[[bool], Any]]] = []
         self.running = True
+        #: engine -> wall time until which it does not step (a long step).
+        self.paused_until: dict[str, float] = {}
 
     # -- loop ------------------------------------------------------------------------
 
@@ -48,8 +50,10 @@ class Node:
                     getattr(self, f"cmd_{cmd}")(msg_id, **args)
                 except Exception:
                     self.conn.send((msg_id, {"error": traceback.format_exc()}))
-            for e in list(self.engines.values()):
-                e.step()
+            now = time.time()
+            for name, e in list(self.engines.items()):
+                if self.paused_until.get(name, 0.0) <= now:
+                    e.step()
             self._check_waiters()
             time.sleep(IDLE_SLEEP_S)
 
@@ -136,6 +140,25 @@ class Node:
 
     def cmd_result(self, msg_id: int, engine: str, request_id: str, timeout: float) -> None:
         self._wait(msg_id, timeout, self._result(self.engines[engine], request_id))
+
+    def cmd_prefill_paused(self, msg_id: int, engine: str, key: int, tokens: int,
+                           pause_s: float, timeout: float) -> None:
+        """P: a chunked prefill whose engine stalls ``pause_s`` after its
+        first step (a prefill outlasting ``kv_lease_max_pin``); answers as
+        ``cmd_prefill`` once it finished."""
+        e = self.engines[engine]
+        rid = e.add_prefill(key, tokens)
+        e.step()
+        self.paused_until[engine] = time.time() + pause_s
+
+        def done(expired: bool) -> Any:
+            t = e.tracked[rid]
+            if t.params is None and not expired:
+                return None
+            return {"request_id": rid, "params": t.params, "finished_at": t.finished_at,
+                    "prompt": t.prompt, "timeout": t.params is None}
+
+        self._wait(msg_id, timeout, done)
 
     def cmd_abort_prefill(self, msg_id: int, engine: str, key: int, tokens: int, steps: int) -> None:
         """P: adds a do_remote_decode request, runs ``steps`` engine steps
