@@ -10,11 +10,15 @@
 #               every test that passes on stock must pass here too, and at
 #               least one test must have called a substitute hook.
 #   all         (default) both, then the comparison.
+#   plugin      `all` with the real plugin: kvlease.vllm's KvLeaseNixlConnector,
+#               KvLeaseScheduler and KvLeaseWorker themselves (module
+#               kvlease_plugin, which only counts their calls); the
+#               comparison also says which tests ran with kvlease state active.
 #   mutant      the negative control: test_nixl_heartbeat.py with
 #               mutant_connector (a worker that drops heartbeats and never
 #               reaps) must FAIL; this mode exits 0 only if it does.
 #
-#   py/ci/run-upstream.sh [stock|substitute|all] [SUBSTITUTE_MODULE]
+#   py/ci/run-upstream.sh [stock|substitute|all|plugin|mutant] [SUBSTITUTE_MODULE]
 #
 # Files: test_nixl_heartbeat.py and test_nixl_connector.py; the node ids in
 # py/tests/upstream/not-on-cpu.txt are deselected (each line says why).
@@ -23,6 +27,10 @@ set -euo pipefail
 
 mode="${1:-all}"
 sub_module="${2:-passthrough_connector}"
+if [ "$mode" = plugin ]; then
+    mode=all
+    sub_module=kvlease_plugin
+fi
 repo_root="$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)"
 eval "$("${repo_root}/py/ci/vllm-env.sh")"
 

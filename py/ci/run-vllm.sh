@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# kvlease's vLLM plugin gate (issue 20), from a clean clone, on CPU:
+#
+#   wheel     the kvlease wheel built with maturin (abi3, release) and installed
+#             into .venv-vllm with --no-deps --force-reinstall: everything below
+#             imports the installed wheel, as a user's `vllm serve` does
+#   tests     pytest py/tests against that wheel: the bindings' suite, the
+#             plugin's unit tests (version pin, metadata, notification path and
+#             its hypothesis fuzz, stats, the documented configuration), and the
+#             end-to-end cases in processes with real NIXL agents over UCX shm
+#             and tcp (py/tests/vllm/test_e2e.py; figures to .vllm-tests/results)
+#   upstream  vLLM 0.34.0's test_nixl_heartbeat.py and test_nixl_connector.py,
+#             unmodified from the sdist: stock, then with the plugin's classes
+#             substituted, compared (run-upstream.sh plugin), then the negative
+#             control (run-upstream.sh mutant)
+#   bench     py/bench/bookkeeping.py --short: P's lease bookkeeping per step,
+#             kvlease against vLLM's own methods; fails if kvlease is not
+#             cheaper at 10k leases and above
+#
+#   py/ci/run-vllm.sh [all|wheel|tests|upstream|bench]...   (default: all)
+#
+# The environment comes from py/ci/vllm-env.sh (idempotent). Each step prints
+# its duration.
+set -euo pipefail
+repo_root="$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)"
+cd "$repo_root"
+eval "$(py/ci/vllm-env.sh)"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(all)
+want() { local s; for s in "${steps[@]}"; do [ "$s" = all ] || [ "$s" = "$1" ] && return 0; done; return 1; }
+results="${VLLM_TESTS_DIR}/results"
+mkdir -p "$results"
+t_all=$(date +%s)
+t=0
+begin() { t=$(date +%s); echo; echo "== run-vllm: $*"; }
+end() { echo "== run-vllm: $1 done in $(( $(date +%s) - t )) s"; }
+
+if want wheel; then
+    begin "wheel (maturin build --release, pip install into ${VLLM_ENV_VENV})"
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${repo_root}/target}"
+    rm -rf "${CARGO_TARGET_DIR}/wheels-vllm"
+    "$VLLM_ENV_VENV/bin/maturin" build --release -m py/Cargo.toml -o "${CARGO_TARGET_DIR}/wheels-vllm"
+    "$VLLM_ENV_PYTHON" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall \
+        "${CARGO_TARGET_DIR}"/wheels-vllm/kvlease-*.whl
+    (cd / && "$VLLM_ENV_PYTHON" -c 'import kvlease, kvlease.vllm, os; print("installed:", os.path.dirname(kvlease.__file__))')
+    end wheel
+fi
+
+if want tests; then
+    begin "tests (py/tests against the installed wheel; end to end over UCX shm and tcp)"
+    rm -f "${results}/e2e-figures.txt"
+    # From py/: `import kvlease` resolves to the installed wheel (py/python is
+    # not on the path), and the node processes import the same.
+    (cd py && KVLEASE_E2E_FIGURES="${results}/e2e-figures.txt" "$VLLM_ENV_PYTHON" -m pytest -q \
+        -p no:cacheprovider -rfEsxX --timeout=900 --junitxml="${results}/py-tests.xml" tests)
+    end tests
+fi
+
+if want upstream; then
+    begin "upstream tests: stock vLLM, then the plugin's classes"
+    set +e
+    py/ci/run-upstream.sh plugin > "${results}/upstream-plugin.txt" 2>&1
+    rc=$?
+    set -e
+    # The per-test table is in the file; the summaries and any failure here.
+    grep -v -E '^test_nixl_' "${results}/upstream-plugin.txt" | grep -E '^(==|[0-9]+ (passed|failed)|stock:|substitute:|tests |passed on stock|  |FAILED|ERROR)' || true
+    if [ "$rc" != 0 ]; then
+        echo "upstream tests failed (exit ${rc}); see ${results}/upstream-plugin.txt"
+        exit 1
+    fi
+    py/ci/run-upstream.sh mutant
+    end upstream
+fi
+
+if want bench; then
+    begin "bench (P lease bookkeeping per step, kvlease vs vLLM 0.34)"
+    "$VLLM_ENV_PYTHON" py/bench/bookkeeping.py --short --json "${results}/bookkeeping.json"
+    end bench
+fi
+
+echo
+echo "== run-vllm: all requested steps passed in $(( $(date +%s) - t_all )) s"

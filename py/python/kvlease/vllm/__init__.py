@@ -1,0 +1,33 @@
+"""kvlease for vLLM: ``KvLeaseNixlConnector``, vLLM 0.34's NIXL pull
+connector with lease slots, nonces and verified KV loads.
+
+Load it unmodified through vLLM's ``kv_connector_module_path``::
+
+    --kv-transfer-config '{"kv_connector": "KvLeaseNixlConnector",
+                           "kv_connector_module_path": "kvlease.vllm", ...}'
+
+Supported vLLM: ``>=0.34,<0.35`` (checked here, at import, and again when a
+connector is built). See ``docs/vllm.md``.
+"""
+
+from __future__ import annotations
+
+from .compat import SUPPORTED, UnsupportedVllmVersion, check_vllm_version
+
+check_vllm_version()
+
+from .connector import KvLeaseNixlConnector  # noqa: E402
+from .scheduler import KvLeaseScheduler  # noqa: E402
+from .stats import KvLeaseConnectorStats, KvLeasePromMetrics  # noqa: E402
+from .worker import KvLeaseWorker  # noqa: E402
+
+__all__ = [
+    "KvLeaseNixlConnector",
+    "KvLeaseScheduler",
+    "KvLeaseWorker",
+    "KvLeaseConnectorStats",
+    "KvLeasePromMetrics",
+    "SUPPORTED",
+    "UnsupportedVllmVersion",
+    "check_vllm_version",
+]

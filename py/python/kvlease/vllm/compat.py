@@ -1,0 +1,58 @@
+"""The vLLM versions this connector is written against, and the check.
+
+Owns: the supported range and the error raised outside it. May not import any
+vLLM connector module (the check runs before those imports, so that an
+unsupported vLLM fails here with a clear message instead of an
+``AttributeError`` deep inside a private hook).
+
+Why a pin this narrow: the connector subclasses vLLM's NIXL pull connector and
+overrides private methods (``_get_new_notifs``, ``_read_blocks``,
+``_reap_expired_send_leases``, ...) whose names and contracts change between
+minor releases. They were read from vLLM 0.34.0 (``py/VLLM_MAP.md``).
+"""
+
+from __future__ import annotations
+
+SUPPORTED = ">=0.34,<0.35"
+_LOW = (0, 34)
+_HIGH = (0, 35)
+
+
+class UnsupportedVllmVersion(RuntimeError):
+    """The installed vLLM is outside :data:`SUPPORTED`."""
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    """The leading release numbers of a PEP 440 version (``0.34.1rc2+cu130``
+    gives ``(0, 34, 1)``), or ``None`` when it has none."""
+    head = version.strip().lstrip("vV").split("+", 1)[0]
+    parts: list[int] = []
+    for piece in head.split("."):
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+        if len(digits) != len(piece):
+            break  # "34rc1": the release ends here
+    return tuple(parts) if parts else None
+
+
+def check_vllm_version(version: str | None = None) -> str:
+    """Returns the installed vLLM version, or raises
+    :class:`UnsupportedVllmVersion` naming it and the supported range."""
+    if version is None:
+        import vllm
+
+        version = getattr(vllm, "__version__", None) or "unknown"
+    release = _release(version)
+    if release is None or not (_LOW <= release[:2] < _HIGH):
+        raise UnsupportedVllmVersion(
+            f"kvlease.vllm (KvLeaseNixlConnector) supports vLLM {SUPPORTED}; the "
+            f"installed vLLM is {version}. Install a supported vLLM "
+            f"(pip install 'vllm{SUPPORTED}') or use vLLM's own NixlConnector."
+        )
+    return version

@@ -1,0 +1,152 @@
+"""The scheduler side of ``KvLeaseNixlConnector``: vLLM 0.34's pull
+scheduler with P's lease assignment and D's lease-field hand-over hooked in.
+
+Owns: the overrides of vLLM's scheduler hooks. P: a ``do_remote_decode``
+request gets its slot and nonce when it is first scheduled
+(``update_state_after_alloc`` notes it, ``build_connector_meta`` assigns it
+and ships the directive to every worker in that same step), its lease starts
+at ``request_finished``, which exports ``remote_lease_slot`` /
+``remote_lease_nonce`` in ``kv_transfer_params``, and its release comes back
+from the workers' reports in ``update_connector_output``
+(``prefill_leases.py`` has the ordering argument). D: the lease fields of the
+requests whose READs start this step go to the workers with the metadata,
+since vLLM drops unknown ``kv_transfer_params`` keys on that way.
+
+May not change what vLLM does for requests kvlease does not hold. An instance
+built without ``__init__`` (vLLM's unit tests use ``object.__new__``) has no
+kvlease state and is vLLM's scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
+    NixlPullConnectorScheduler,
+)
+
+from .compat import check_vllm_version
+from .metadata import STEP_ATTR, LeaseReports, LeaseStep
+from .prefill_leases import NONCE_KEY, SLOT_KEY, PrefillLeases
+from .settings import lease_settings
+from .stats import KvLeaseConnectorStats
+
+logger = logging.getLogger("vllm.kvlease.scheduler")
+
+_U32 = 1 << 32
+_I64 = 1 << 63
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+def read_fields(params: dict[str, Any] | None) -> tuple[int, int] | None:
+    """``(slot, nonce)`` from a request's ``kv_transfer_params``, or None when
+    absent or not the seed's form (outside input: a router may mangle it)."""
+    if not params:
+        return None
+    slot, nonce = params.get(SLOT_KEY), params.get(NONCE_KEY)
+    if type(slot) is not int or type(nonce) is not int:
+        return None
+    if not (0 <= slot < _U32) or not (-_I64 <= nonce < _I64) or nonce == 0:
+        return None
+    return slot, nonce
+
+
+class KvLeaseScheduler(NixlPullConnectorScheduler):
+    """vLLM's NIXL pull scheduler with kvlease's roles (module docs)."""
+
+    # Class defaults: an instance that skipped __init__ is vLLM's scheduler.
+    _kvl_prefill: PrefillLeases | None = None
+    _kvl_forward_fields: bool = False
+
+    def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
+        check_vllm_version()
+        super().__init__(vllm_config, engine_id, kv_cache_config)
+        settings = lease_settings(vllm_config, kv_cache_config)
+        if settings is None:
+            return
+        pc = vllm_config.parallel_config
+        if settings.producer and pc.prefill_context_parallel_size > 1:
+            logger.warning(
+                "kvlease: prefill context parallelism is not supported; this engine "
+                "keeps vLLM's own leases and its KV cannot be verified"
+            )
+        elif settings.producer:
+            ranks = pc.tensor_parallel_size * pc.pipeline_parallel_size
+            self._kvl_prefill = PrefillLeases(settings.config, ranks, _now())
+            logger.info(
+                "kvlease: P leases for %d ranks (kv_lease_duration %.1f s, %d slots)",
+                ranks,
+                settings.config.lease_duration,
+                settings.config.lease_slots,
+            )
+        self._kvl_forward_fields = settings.consumer
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
+        super().update_state_after_alloc(request, blocks, num_external_tokens)
+        prefill = self._kvl_prefill
+        params = request.kv_transfer_params
+        if prefill is not None and params and params.get("do_remote_decode"):
+            prefill.on_scheduled(request.request_id)
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        fields: dict[str, tuple[int, int]] = {}
+        if self._kvl_forward_fields:
+            for rid, entry in self._reqs_need_recv.items():
+                f = read_fields(entry[0].kv_transfer_params)
+                if f is not None:
+                    fields[rid] = f
+        prefill = self._kvl_prefill
+        now = _now()
+        held = prefill.assign_scheduled(now) if prefill is not None else set()
+        meta = super().build_connector_meta(scheduler_output)
+        directives = b""
+        if prefill is not None:
+            if held:
+                # kvlease holds these: vLLM's worker must not track them.
+                meta.reqs_in_batch = meta.reqs_in_batch - held
+            prefill.drain_between_steps()
+            directives = prefill.directives(now)
+        if directives or fields:
+            setattr(meta, STEP_ATTR, LeaseStep(directives=directives, read_fields=fields))
+        return meta
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        delay_free, params = super().request_finished(request, block_ids)
+        prefill = self._kvl_prefill
+        if prefill is None:
+            return delay_free, params
+        rid = request.request_id
+        outcome = prefill.finished(rid, delay_free, params, _now())
+        if outcome == "held":
+            # The lease is kvlease's: no deadline for vLLM's worker dict.
+            self._reqs_need_send.pop(rid, None)
+        elif outcome == "returned":
+            # kvlease let it go mid-prefill (kv_lease_max_pin): vLLM's lease
+            # applies, and its worker only keeps deadlines of requests it saw
+            # in a batch. The next metadata carries both, batch first.
+            self._reqs_in_batch.add(rid)
+        return delay_free, params
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        super().update_connector_output(connector_output)
+        prefill = self._kvl_prefill
+        if prefill is None:
+            return
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, LeaseReports):
+            prefill.apply_reports(meta.reports)
+        connector_output.finished_sending = prefill.release(connector_output.finished_sending)
+
+    def kvl_take_stats(self) -> KvLeaseConnectorStats | None:
+        prefill = self._kvl_prefill
+        return prefill.take_stats() if prefill is not None else None
+
+    def shutdown(self) -> None:
+        if self._kvl_prefill is not None:
+            self._kvl_prefill.shutdown()
+        super().shutdown()

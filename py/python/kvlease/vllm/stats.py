@@ -1,0 +1,130 @@
+"""kvlease's counters in vLLM's KV connector stats and Prometheus metrics.
+
+Owns: the stats class the connector reports through vLLM's hooks (a
+``NixlKVConnectorStats`` with kvlease's keys added, so vLLM's own NIXL
+figures keep flowing unchanged) and the Prometheus counters for those keys.
+May not decide anything: the roles record events here.
+
+Each key holds one list entry per event (the count of the event, usually 1),
+the convention of vLLM's NIXL stats: ``aggregate`` concatenates the lists of
+the workers and the scheduler, ``reduce`` sums them for the log line, and
+Prometheus counters are incremented by every entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
+    NixlKVConnectorStats,
+    NixlPromMetrics,
+)
+from vllm.v1.metrics.utils import create_metric_per_engine
+
+#: key -> (log label, Prometheus name, Prometheus help). The first four are
+#: recorded on P's scheduler, the last three on D's workers.
+LEASE_KEYS: dict[str, tuple[str, str, str]] = {
+    "kv_lease_granted": (
+        "KV leases granted",
+        "vllm:kv_lease_granted",
+        "P: leases granted with a lease slot (verifiable by D).",
+    ),
+    "kv_lease_unslotted": (
+        "KV leases without slot",
+        "vllm:kv_lease_unslotted",
+        "P: requests served without lease fields (no free slot, an id kvlease "
+        "cannot hold, or its capacity reached); verifying decoders fail their loads.",
+    ),
+    "kv_lease_released_read": (
+        "KV leases read",
+        "vllm:kv_lease_released_read",
+        "P: leases released because every reader reported its READ done.",
+    ),
+    "kv_lease_expired": (
+        "KV leases expired",
+        "vllm:kv_lease_expired",
+        "P: leases reclaimed because no heartbeat renewed them (D gone or slow).",
+    ),
+    "kv_lease_cancelled": (
+        "KV leases cancelled",
+        "vllm:kv_lease_cancelled",
+        "P: leases of requests aborted on P.",
+    ),
+    "kv_lease_verified": (
+        "KV loads verified",
+        "vllm:kv_lease_verified_loads",
+        "D: KV loads whose lease slot still held the nonce after the READ.",
+    ),
+    "kv_lease_failed_checks": (
+        "KV lease checks failed",
+        "vllm:kv_lease_failed_checks",
+        "D: KV loads failed by the lease check (lapsed lease, missing lease "
+        "fields, failed slot READ); kv_load_failure_policy applied.",
+    ),
+    "kv_lease_unverified": (
+        "KV loads unverified",
+        "vllm:kv_lease_unverified_loads",
+        "D: KV loads from a P that exports no lease slots (stock vLLM), used as "
+        "stock vLLM uses them.",
+    ),
+}
+
+
+@dataclass
+class KvLeaseConnectorStats(NixlKVConnectorStats):
+    """vLLM's NIXL stats plus kvlease's event counts."""
+
+    def reset(self) -> None:
+        super().reset()
+        for key in LEASE_KEYS:
+            self.data[key] = []
+
+    def record_lease(self, key: str, count: int = 1) -> None:
+        """Records ``count`` events of ``key`` (one of :data:`LEASE_KEYS`)."""
+        if count:
+            self.data.setdefault(key, []).append(count)
+
+    def lease_total(self, key: str) -> int:
+        return int(sum(self.data.get(key, ())))
+
+    def is_empty(self) -> bool:
+        return super().is_empty() and not any(self.data.get(k) for k in LEASE_KEYS)
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        if not other.is_empty():
+            for k, v in other.data.items():
+                # setdefault: a peer object built from data without some key
+                # (an older worker) must not raise here.
+                self.data.setdefault(k, []).extend(v)
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out = super().reduce()
+        # Data of an engine that runs without kvlease (verification off) has
+        # none of these keys: its log line stays vLLM's.
+        if any(key in self.data for key in LEASE_KEYS):
+            for key, (label, _, _) in LEASE_KEYS.items():
+                out[label] = self.lease_total(key)
+        return out
+
+
+class KvLeasePromMetrics(NixlPromMetrics):
+    """vLLM's NIXL metrics plus one counter per kvlease key."""
+
+    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self.kv_lease_counters = {
+            key: create_metric_per_engine(
+                self._counter_cls(name=name, documentation=doc, labelnames=labelnames),
+                self.per_engine_labelvalues,
+            )
+            for key, (_, name, doc) in LEASE_KEYS.items()
+        }
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0):
+        super().observe(transfer_stats_data, engine_idx)
+        for key, counter in self.kv_lease_counters.items():
+            for n in transfer_stats_data.get(key, ()):
+                counter[engine_idx].inc(n)

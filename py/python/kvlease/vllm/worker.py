@@ -1,0 +1,429 @@
+"""The worker side of ``KvLeaseNixlConnector``: vLLM 0.34's pull worker with
+P's lease rank and D's lease check hooked in.
+
+Owns: the overrides of vLLM's worker hooks and the hand-over between vLLM's
+state and kvlease's two worker roles (``rank_leases.RankLeases`` on P,
+``load_checks.LoadChecks`` on D). May not change what vLLM does for a request
+kvlease does not hold: every override falls through to vLLM's own method
+then, and an instance built without ``__init__`` (vLLM's unit tests build
+workers with ``object.__new__``) has no kvlease state at all and is vLLM's
+worker.
+
+P, per step (vLLM's call order): ``start_load_kv`` applies the scheduler's
+directives (nonces into slots, lease starts, cancels) before vLLM's own work;
+``get_transfer_results`` drains the notifications (heartbeats and read-dones
+of kvlease's leases to the rank, anything else to vLLM's handling, nothing
+raises on outside bytes) and polls the rank for expiry instead of scanning
+every lease; the rank's reports leave through ``build_connector_worker_meta``
+(the connector's). Requests kvlease holds never enter vLLM's lease dict, so
+this worker never reports them in ``finished_sending``: the scheduler does,
+once every rank let go (no double report).
+
+D: the block READs of a request read from a P that advertises lease slots
+are posted without their read-done; when they all completed the request is
+held out of ``finished_recving`` until its slot check decides; then it is
+reported received (verified) or failed (its blocks invalid, so vLLM's
+``kv_load_failure_policy`` applies), and the read-dones go out in the nonce
+form. After a failed check they go out too: the nonce makes them no-ops on a
+P whose lease lapsed, and they free the blocks at once on a P that still
+holds them (a load that failed for missing lease fields or a failed slot
+READ). A P that advertises no slots (stock vLLM) is read exactly as vLLM
+reads it, and its loads are counted unverified.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import msgspec
+import zmq
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (
+    GET_META_MSG,
+    NixlConnectorMetadata,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import (
+    NixlPullConnectorWorker,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
+
+from .._native import decode_lease_advert
+from ..errors import KvLeaseError
+from .compat import check_vllm_version
+from .load_checks import LeaseRead, LoadChecks
+from .metadata import STEP_ATTR, KvLeaseHandshakePayload, LeaseReports
+from .rank_leases import RankLeases
+from .read_gate import HeldReadDones
+from .settings import lease_settings
+from .stats import KvLeaseConnectorStats
+
+logger = logging.getLogger("vllm.kvlease.worker")
+
+#: Distinct P ranks one D worker checks against (checker capacity).
+MAX_PEERS = 256
+#: How long the advert query of a handshake waits for P's side channel (ms).
+ADVERT_QUERY_TIMEOUT_MS = 5000
+
+
+def _now() -> float:
+    # Not time.perf_counter: vLLM's tests patch that for its own deadlines.
+    return time.monotonic()
+
+
+class KvLeaseWorker(NixlPullConnectorWorker):
+    """vLLM's NIXL pull worker with kvlease's roles (see the module docs)."""
+
+    # Class defaults: an instance that skipped __init__ is vLLM's worker.
+    _kvl_rank: RankLeases | None = None
+    _kvl_checks: LoadChecks | None = None
+
+    def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
+        check_vllm_version()
+        super().__init__(vllm_config, engine_id, kv_cache_config)
+        settings = lease_settings(vllm_config, kv_cache_config)
+        if settings is None:
+            logger.info("kvlease: kv_lease_verification is false: vLLM's own NIXL leases")
+            return
+        now = _now()
+        self.xfer_stats = KvLeaseConnectorStats()
+        if settings.producer and self.pcp_size > 1:
+            logger.warning(
+                "kvlease: prefill context parallelism is not supported; this engine "
+                "keeps vLLM's own leases and its KV cannot be verified"
+            )
+        elif settings.producer:
+            rank = self._kvl_pp_rank() * self.world_size + self.tp_rank
+            leases = RankLeases(settings.config, rank, now)
+            try:
+                leases.register(self.nixl_wrapper, self.nixl_backends)
+            except Exception as e:
+                raise RuntimeError(
+                    "kvlease: the lease slots could not be registered with NIXL as DRAM "
+                    f"({e}); kv_lease_verification is on, so this instance does not "
+                    "start (set kv_lease_verification to false to run as stock vLLM)"
+                ) from e
+            self._kvl_rank = leases
+            logger.info(
+                "kvlease: P rank %d exports %d lease slots (%d bytes at %#x)",
+                rank,
+                leases.rank.slot_count,
+                leases.rank.slots_nbytes,
+                leases.rank.slots_address,
+            )
+        if settings.consumer:
+            capacity = int(kv_cache_config.num_blocks) + int(
+                vllm_config.scheduler_config.max_num_seqs
+            )
+            checks = LoadChecks(
+                settings.config, capacity, MAX_PEERS, f"kvlease-d-{self.tp_rank}"
+            )
+            try:
+                checks.register_landing(self.nixl_wrapper, self.nixl_backends)
+            except Exception as e:
+                raise RuntimeError(
+                    "kvlease: the lease-check buffers could not be registered with NIXL "
+                    f"as DRAM ({e}); kv_lease_verification is on, so this instance does "
+                    "not start (set kv_lease_verification to false to run as stock vLLM)"
+                ) from e
+            self._kvl_checks = checks
+            logger.info("kvlease: D verifies KV loads (up to %d checks at once)", capacity)
+
+    def _kvl_pp_rank(self) -> int:
+        if self.pp_size <= 1:
+            return 0
+        from vllm.distributed.parallel_state import get_pp_group
+
+        return get_pp_group().rank_in_group
+
+    # -- handshake ---------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: Any) -> None:
+        super().register_kv_caches(kv_caches)
+        rank = self._kvl_rank
+        payload = self.xfer_handshake_metadata
+        if rank is not None and payload is not None:
+            self.xfer_handshake_metadata = KvLeaseHandshakePayload(
+                compatibility_hash=payload.compatibility_hash,
+                agent_metadata_bytes=payload.agent_metadata_bytes,
+                kv_lease_advert=rank.advert(),
+            )
+
+    def _nixl_handshake(
+        self,
+        host: str,
+        port: int,
+        remote_tp_size: int,
+        expected_engine_id: str,
+        remote_dcp_size: int = 1,
+        remote_pp_size: int = 1,
+        notif_agents_only: bool = False,
+    ) -> tuple[dict[tuple[int, int], str], float]:
+        agents, offset = super()._nixl_handshake(
+            host,
+            port,
+            remote_tp_size,
+            expected_engine_id,
+            remote_dcp_size,
+            remote_pp_size,
+            notif_agents_only,
+        )
+        checks = self._kvl_checks
+        if checks is not None and not notif_agents_only and agents:
+            checks.record_adverts(agents, _query_adverts(host, port, list(agents)))
+        return agents, offset
+
+    def _cleanup_remote_engine(self, engine_id: str, *, log_eviction: bool = True) -> None:
+        names = list(self._remote_agents.get(engine_id, {}).values())
+        super()._cleanup_remote_engine(engine_id, log_eviction=log_eviction)
+        if self._kvl_checks is not None:
+            self._kvl_checks.forget(names)
+
+    # -- every step ----------------------------------------------------------------
+
+    def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
+        step = getattr(metadata, STEP_ATTR, None)
+        rank = self._kvl_rank
+        if rank is not None and step is not None:
+            rank.apply_directives(step.directives, _now())
+        checks = self._kvl_checks
+        if checks is not None:
+            fields = step.read_fields if step is not None else {}
+            for rid, meta in metadata.reqs_to_recv.items():
+                # vLLM awaits a receive only for these (others only notify P).
+                if meta.remote is None or not (meta.awaiting_kvs or any(meta.local_block_ids)):
+                    continue
+                checks.recording[rid] = LeaseRead(
+                    request_id=rid,
+                    remote_request_id=meta.remote.request_id,
+                    fields=fields.get(rid),
+                    blocks=(
+                        None
+                        if self._is_hma_required
+                        else [b for b in (meta.local_block_ids or ((),))[0]]
+                    ),
+                )
+        super().start_load_kv(metadata)
+
+    def _read_blocks(
+        self,
+        read_spec: Any,
+        dst_engine_id: str,
+        request_id: str,
+        remote_request_id: str,
+        local_xfer_side_handle: int,
+        local_dram_handle: int | None,
+        remote_xfer_side_handle: int,
+        expected_consumers: int,
+        awaiting_kvs: bool,
+    ) -> bool:
+        kwargs = dict(
+            read_spec=read_spec,
+            dst_engine_id=dst_engine_id,
+            request_id=request_id,
+            remote_request_id=remote_request_id,
+            local_xfer_side_handle=local_xfer_side_handle,
+            local_dram_handle=local_dram_handle,
+            remote_xfer_side_handle=remote_xfer_side_handle,
+            expected_consumers=expected_consumers,
+            awaiting_kvs=awaiting_kvs,
+        )
+        checks = self._kvl_checks
+        lease = checks.recording.get(request_id) if checks is not None else None
+        if lease is None:
+            return super()._read_blocks(**kwargs)
+        agent_name = self._remote_agents[dst_engine_id][(0, read_spec.remote_rank)]
+        try:
+            peer = checks.peer_for(agent_name)
+        except KvLeaseError as e:
+            # Cannot track this P rank (checker full): fail closed, and say so.
+            logger.error("kvlease: cannot check P agent %s: %s", agent_name, e)
+            peer = (-1, 0)
+        if peer is None:
+            # P exports no lease slots (stock vLLM): read as vLLM reads.
+            lease.unverified = True
+            return super()._read_blocks(**kwargs)
+        gate = HeldReadDones(self.nixl_wrapper, lambda _msg: lease.read_done(expected_consumers))
+        pending = self._pending_recv_notifs.get(request_id)
+        before = len(pending) if pending is not None else 0
+        self.nixl_wrapper = gate
+        try:
+            ok = super()._read_blocks(**kwargs)
+        finally:
+            self.nixl_wrapper = gate.agent
+        # Split DRAM/VRAM reads defer their read-done to vLLM's pending list:
+        # take ours out of it, it is held for the verdict as well.
+        pending = self._pending_recv_notifs.get(request_id)
+        held_split = False
+        if pending is not None and len(pending) > before:
+            del pending[before:]
+            held_split = True
+            if not pending:
+                del self._pending_recv_notifs[request_id]
+        if gate.stripped or held_split:
+            lease.reads.append((agent_name, peer[0], expected_consumers))
+        return ok
+
+    def get_transfer_results(self) -> KVConnectorTransferResults:
+        results = super().get_transfer_results()
+        checks = self._kvl_checks
+        if checks is None:
+            return results
+        for rid in list(results.finished_recving):
+            lease = checks.recording.pop(rid, None)
+            if lease is None or rid in results.failed_recving:
+                continue  # vLLM's own failure path: nothing was verified
+            if not lease.reads:
+                if lease.unverified:
+                    self.xfer_stats.record_lease("kv_lease_unverified")
+                continue
+            results.finished_recving.discard(rid)
+            checks.submit(lease)
+        for lease, verdict in checks.step(self.nixl_wrapper, _now()):
+            rid = lease.request_id
+            results.finished_recving.add(rid)
+            if verdict == "verified":
+                self.xfer_stats.record_lease("kv_lease_verified")
+            else:
+                results.failed_recving.add(rid)
+                if lease.blocks is not None:
+                    self._invalid_block_ids.put(set(lease.blocks))
+                self.xfer_stats.record_lease("kv_lease_failed_checks")
+                logger.warning(
+                    "kvlease: KV load of request %s (P request %s) failed its lease "
+                    "check (%s): the KV is not used; kv_load_failure_policy applies",
+                    rid,
+                    lease.remote_request_id,
+                    verdict,
+                )
+            for agent_name, _peer, consumers in lease.reads:
+                try:
+                    self.nixl_wrapper.send_notif(agent_name, notif_msg=lease.read_done(consumers))
+                except Exception as e:
+                    logger.warning("kvlease: read-done to %s failed: %s", agent_name, e)
+                    self.xfer_stats.record_failed_notification()
+        return results
+
+    def _get_new_notifs(self) -> set[str]:
+        rank = self._kvl_rank
+        if rank is None:
+            return super()._get_new_notifs()
+        done: set[str] = set()
+        now = _now()
+        for sender, msgs in self.nixl_wrapper.get_new_notifs().items():
+            if isinstance(sender, bytes):
+                sender = sender.decode("utf-8", "replace")
+            for msg in msgs:
+                if isinstance(msg, str):
+                    msg = msg.encode("utf-8", "surrogateescape")
+                if msg.startswith(b"HB:") or msg.startswith(b"HBC:"):
+                    rank.on_heartbeat(sender, msg, now)
+                    if self._reqs_to_send and msg.startswith(b"HB:"):
+                        super()._handle_heartbeat(msg[3:].decode("utf-8", "replace"))
+                elif not rank.on_read_done(sender, msg, now):
+                    self._kvl_plain_read_done(msg, done)
+        return done
+
+    def _kvl_plain_read_done(self, msg: bytes, done: set[str]) -> None:
+        """A read-done for a request kvlease does not hold: vLLM's counting
+        (``{id}:{consumers}``, freed when every consumer reported), parsed
+        without raising: a message that is no read-done is counted and dropped."""
+        parsed = _parse_read_done(msg)
+        rank = self._kvl_rank
+        if parsed is None:
+            if rank is not None:
+                rank.malformed += 1
+            logger.debug("kvlease: dropped a notification that is no read-done: %r", msg[:80])
+            return
+        req_id, consumers = parsed
+        if req_id not in self._reqs_to_send and req_id not in self._reqs_to_process:
+            self.xfer_stats.record_notification_after_expiry()
+            logger.error(
+                "Potentially invalid KV blocks for unrecognized request %s were "
+                "retrieved by a decode worker. They may have expired.",
+                req_id,
+            )
+            return
+        self.expected_consumer_notifications_by_req[req_id] = consumers
+        seen = self.consumer_notification_counts_by_req.get(req_id, 0) + 1
+        self.consumer_notification_counts_by_req[req_id] = seen
+        if seen == consumers:
+            done.add(req_id)
+            del self.consumer_notification_counts_by_req[req_id]
+            del self.expected_consumer_notifications_by_req[req_id]
+            self._reqs_to_process.discard(req_id)
+            self._reqs_to_send.pop(req_id, None)
+
+    def _handle_heartbeat(self, payload: str) -> None:
+        rank = self._kvl_rank
+        if rank is not None:
+            rank.on_heartbeat("", ("HB:" + payload).encode("utf-8", "surrogateescape"), _now())
+        super()._handle_heartbeat(payload)
+
+    def _reap_expired_send_leases(self, done_sending: set[str]) -> None:
+        rank = self._kvl_rank
+        if rank is not None:
+            rank.poll(_now())
+        # vLLM's reaper for the leases vLLM holds (none, unless kvlease
+        # refused one); it returns at once on an empty dict.
+        super()._reap_expired_send_leases(done_sending)
+
+    def kvl_worker_meta(self) -> LeaseReports | None:
+        """This step's lease reports for the scheduler (None when none)."""
+        rank = self._kvl_rank
+        if rank is None:
+            return None
+        msg = rank.reports()
+        return LeaseReports([(rank.index, msg)]) if msg else None
+
+    def shutdown(self) -> None:
+        agent = getattr(self, "nixl_wrapper", None)
+        if agent is not None and self._kvl_checks is not None:
+            self._kvl_checks.release_reads(agent)
+        # The slot array and the landing buffers stay registered: they live
+        # as long as this worker, and the agent drops its registrations when
+        # it is destroyed. A D still reading a slot during our shutdown then
+        # reads a word, not an unregistered address.
+        super().shutdown()
+
+
+def _parse_read_done(msg: bytes) -> tuple[str, int] | None:
+    """``(request id, consumers)`` of ``{id}:{consumers}`` (an optional
+    ``:nonce=<hex>`` suffix is ignored; ids may hold ``:``), or None."""
+    try:
+        text = msg.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    req_id, sep, count = text.rpartition(":")
+    if sep and count.startswith("nonce="):
+        req_id, sep, count = req_id.rpartition(":")
+    if not sep or not req_id or not count.isascii() or not count.isdigit():
+        return None
+    consumers = int(count)
+    return (req_id, consumers) if consumers > 0 else None
+
+
+def _query_adverts(
+    host: str, port: int, keys: list[tuple[int, int]]
+) -> dict[tuple[int, int], tuple[int, int, int] | None]:
+    """Asks P's side channel again for the payload of each ``(pp, tp)`` rank
+    and reads its lease advert. vLLM's handshake decodes the payload into its
+    own class, which drops the advert, so D reads it from a second reply of
+    the same listener, through the same helpers vLLM's handshake uses (looked
+    up in vLLM's worker module at call time). A P without an advert (stock
+    vLLM) gives None; a failed query raises, failing the handshake as vLLM's
+    own failures do."""
+    decoder = msgspec.msgpack.Decoder(KvLeaseHandshakePayload)
+    out: dict[tuple[int, int], tuple[int, int, int] | None] = {}
+    path = base_worker.make_zmq_path("tcp", host, port)
+    with base_worker.zmq_ctx(zmq.REQ, path) as sock:
+        sock.setsockopt(zmq.RCVTIMEO, ADVERT_QUERY_TIMEOUT_MS)
+        for key in keys:
+            pp_rank, tp_rank = key
+            sock.send(msgspec.msgpack.encode((GET_META_MSG, pp_rank, tp_rank)))
+            parts = sock.recv_multipart()
+            payload = decoder.decode(parts[0])
+            advert = payload.kv_lease_advert
+            out[key] = decode_lease_advert(advert) if advert else None
+    return out
