@@ -3,7 +3,9 @@
 //! role-message bytes (directives encoded and decoded, reports encoded and
 //! decoded), with assigns, starts, grants, cancels, text and compact
 //! heartbeats that reach one rank or both, read-dones, expiries, drains and
-//! slot reuse, make exactly 0 heap allocations.
+//! slot reuse, directive messages lost to rank 1 and the scheduler's
+//! backstop cancelling what they left unanswered, make exactly 0 heap
+//! allocations.
 //!
 //! The counting allocator (tests/support/counting_alloc.rs) counts only on
 //! the thread that armed it.
@@ -91,10 +93,15 @@ fn split_p_roles_allocate_nothing_after_construction() {
                 }
                 _ => {}
             }
+            sched.poll(now);
             let n = sched.encode_directives(now, &mut dir_buf).unwrap();
+            // One directive message in 64 is lost on its way to rank 1.
+            let lost_to_1 = (rng >> 8) % 64 == 0;
             // Worker side: directives, notifications, poll, reports.
             for (r, rank) in ranks.iter_mut().enumerate() {
-                rank.apply_directives(&dir_buf[..n], now).unwrap();
+                if !(r == 1 && lost_to_1) {
+                    rank.apply_directives(&dir_buf[..n], now).unwrap();
+                }
                 // Half the heartbeats are lost on rank 1.
                 if r == 0 || rng & 1 == 0 {
                     let hb = &heartbeats[k % heartbeats.len()];
@@ -145,6 +152,7 @@ fn split_p_roles_allocate_nothing_after_construction() {
         "{c:?}"
     );
     assert!(c.slots_returned > 1_000, "{c:?}");
+    assert!(c.backstop_cancels > 10 && c.reports_not_held > 10, "{c:?}");
     assert!(
         r0.renewed > 10_000 && r0.heartbeat_empty_ids > 1_000,
         "{r0:?}"
@@ -160,8 +168,8 @@ fn split_p_roles_allocate_nothing_after_construction() {
     assert_eq!(reported, c.reported);
     println!(
         "roles_alloc: {STEPS} steps of a scheduler and 2 ranks over bytes, {} grants, \
-         {} expiries, {} directives: {allocs} allocations, {bytes} bytes",
-        c.granted, c.expired, c.directives_sent
+         {} expiries, {} directives, {} backstop cancels: {allocs} allocations, {bytes} bytes",
+        c.granted, c.expired, c.directives_sent, c.backstop_cancels
     );
     assert_eq!((allocs, bytes), (0, 0), "steady-state role steps allocated");
 }

@@ -2,7 +2,8 @@
 //! gets them from the engine's IPC: directives into a rank, reports into a
 //! scheduler. Never a panic; whatever decodes re-encodes to the same bytes;
 //! and a rank or scheduler fed garbage keeps its invariants (no lease is
-//! created by a report, a refused message changes nothing).
+//! created by a report, a refused message changes nothing, the backstop
+//! that follows only queues Cancels).
 //!
 //! Input: `[selector byte][message bytes]`.
 #![no_main]
@@ -82,5 +83,13 @@ fuzz_target!(|data: &[u8]| {
         let mut n = 0;
         s.drain_released(|_| n += 1);
         assert_eq!(n as u32, held - s.held());
+        // The backstop after garbage reports (the first poll stamps their
+        // let-gos, the second is past every deadline): it may only queue
+        // Cancels (every lease here was announced), never end a lease.
+        let live = s.held();
+        s.poll(now);
+        let fired = s.poll(Instant::from_secs(1 << 20));
+        assert_eq!(s.held(), live, "the backstop ended a lease by itself");
+        assert!(fired <= live && (fired == 0 || s.pending_directives() > 0));
     }
 });

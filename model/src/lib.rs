@@ -29,6 +29,10 @@
 //!   rank ([`Action::GrantMissedBy`], [`Action::CancelMissedBy`], from a
 //!   budget): that rank never holds the lease (its slot stays 0), or never
 //!   hears the Cancel.
+//! - **The scheduler's backstop** ([`Action::Backstop`]) cancels a lease
+//!   that one rank let go of (or was declared lost) while another has not:
+//!   at any time after the let-go (the real one waits `kv_lease_duration`),
+//!   out of no budget, until a Cancel reached every live rank.
 //! - **D** is one actor for its scheduler (tracker, heartbeats) and its
 //!   `d_tp` workers; worker `w` reads the P ranks the real
 //!   [`kvlease::topology::TpMapping`] gives it (D TP 1: both P ranks; 2: one
@@ -91,11 +95,12 @@
 //! finished its READ. Liveness, where a fair run ends (see
 //! [`ProtocolModel::properties`]): a lease whose Cancel reached every rank is
 //! freed; after a D crash every block is freed; with D alive every lease is
-//! read, expired or cancelled. The last two exempt one case, by design of
-//! the library: a lease one rank missed the Grant of
-//! and that nobody cancelled stays held (nothing tells that rank about it:
-//! only a Cancel, or a separate Start, gets its "not held" answer). A
-//! `sometimes` property shows that such runs exist.
+//! read, expired or cancelled. A lease one rank missed the Grant of is ended
+//! by the scheduler's backstop ([`Action::Backstop`]): once another rank let
+//! go of it, the scheduler cancels it itself, and the rank that missed it
+//! answers "not held". A `sometimes` property shows such a run with no
+//! cancel from the engine. (Before the backstop, the last two properties
+//! had to exempt that lease.)
 //!
 //! # Ordering the real code relies on (kept as constraints)
 //!
@@ -245,11 +250,10 @@ pub const PROP_READERS_DONE: &str =
 /// Liveness: a cancel that reached every rank ends the lease.
 pub const PROP_LIVE_CANCEL: &str = "a lease whose Cancel reached every rank is eventually freed";
 /// Liveness: after a D crash, every block is freed.
-pub const PROP_LIVE_D_CRASH: &str =
-    "after a D crash every block is eventually freed (but a lease a rank missed the Grant of, never cancelled)";
+pub const PROP_LIVE_D_CRASH: &str = "after a D crash every block is eventually freed";
 /// Liveness: with a live D, every request is read, expired or cancelled.
 pub const PROP_LIVE_D_ALIVE: &str =
-    "with a live D every request is eventually read, expired or cancelled (but a lease a rank missed the Grant of, never cancelled)";
+    "with a live D every request is eventually read, expired or cancelled";
 
 /// The `always` properties: a discovery of one is a counterexample.
 pub const SAFETY_AND_LIVENESS: [&str; 7] = [
@@ -277,9 +281,10 @@ pub const EX_TWO_READERS: &str = "a lease is released by the read-dones of two r
 /// Example: the "not held" answer to a Cancel ended a lease a rank missed.
 pub const EX_MISSED_CANCELLED: &str =
     "a lease a rank missed the Grant of is freed after a cancel (\"not held\")";
-/// Example: the liveness exemption is needed.
-pub const EX_MISSED_STUCK: &str =
-    "a run ends with a lease held: a rank missed its Grant and nobody cancelled it";
+/// Example: the backstop ended a lease a rank missed the Grant of, with no
+/// cancel from the engine.
+pub const EX_MISSED_BACKSTOP: &str =
+    "a lease a rank missed the Grant of is freed with no engine cancel (the backstop)";
 
 /// The model's bound and budgets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -445,7 +450,8 @@ pub struct SLease {
     /// Ghost: a rank of it was declared lost while it was held (or before
     /// its grant).
     pub rank_lost: bool,
-    /// Ghost: the engine cancelled it (some Cancel may have been lost).
+    /// Ghost: the engine or the scheduler's backstop cancelled it (some
+    /// Cancel may have been lost).
     pub cancelled: bool,
     /// Ghost: a Cancel reached every live rank.
     pub cancel_heard: bool,
@@ -665,6 +671,15 @@ pub enum Action {
     Cancel(u8),
     /// As [`Action::Cancel`], but the rank never gets the directive.
     CancelMissedBy(u8, u8),
+    /// The scheduler's backstop (`PrefillScheduler::poll`) cancels a lease
+    /// that some rank let go of (or was declared lost) while another has
+    /// not answered: the same Cancel directive, out of no budget. The real
+    /// one waits a `kv_lease_duration` first; the model lets it happen any
+    /// time after the first let-go, which covers every real timing (a
+    /// Cancel is always safe).
+    Backstop(u8),
+    /// As [`Action::Backstop`], but the rank never gets the directive.
+    BackstopMissedBy(u8, u8),
     /// The engine tells the scheduler that the rank died (`rank_lost`).
     RankLost(u8),
     /// The engine frees the request's drained blocks and gives the slot back (`blocks_freed`).
@@ -710,6 +725,7 @@ impl Action {
                 | Action::GrantMissedBy(..)
                 | Action::Cancel(_)
                 | Action::CancelMissedBy(..)
+                | Action::BackstopMissedBy(..)
         )
     }
 }
@@ -1011,12 +1027,18 @@ impl ProtocolModel {
         Some(())
     }
 
-    /// The engine cancels request `i`'s lease; the directive is lost on its
-    /// way to rank `missed`. Every rank that gets it answers at once.
-    fn cancel(&self, s: &mut State, i: u8, missed: Option<usize>) -> Option<()> {
+    /// The engine (or, `backstop`, the scheduler itself) cancels request
+    /// `i`'s lease; the directive is lost on its way to rank `missed`. Every
+    /// rank that gets it answers at once.
+    fn cancel(&self, s: &mut State, i: u8, missed: Option<usize>, backstop: bool) -> Option<()> {
         let i = usize::from(i);
         let l = s.sched.leases[i]?;
-        if l.phase != Phase::Held || s.budget.cancels == 0 {
+        let allowed = if backstop {
+            backstop_due(&l)
+        } else {
+            s.budget.cancels > 0
+        };
+        if l.phase != Phase::Held || !allowed {
             return None;
         }
         if let Some(m) = missed {
@@ -1025,7 +1047,9 @@ impl ProtocolModel {
             }
             s.budget.directive_losses -= 1;
         }
-        s.budget.cancels -= 1;
+        if !backstop {
+            s.budget.cancels -= 1;
+        }
         if let Some(l) = s.sched.leases[i].as_mut() {
             l.cancelled = true;
             l.cancel_heard |= missed.is_none();
@@ -1073,10 +1097,12 @@ impl ProtocolModel {
         for i in 0..n {
             out.push(Action::Grant(i));
             out.push(Action::Cancel(i));
+            out.push(Action::Backstop(i));
             out.push(Action::FreeBlocks(i));
             for r in 0..RANKS as u8 {
                 out.push(Action::GrantMissedBy(i, r));
                 out.push(Action::CancelMissedBy(i, r));
+                out.push(Action::BackstopMissedBy(i, r));
             }
             for w in 0..self.bound.d_tp {
                 out.push(Action::StartRead(i, w));
@@ -1119,6 +1145,10 @@ impl ProtocolModel {
             DReq::Tracked { workers, .. } if s.d.alive => Some(workers[usize::from(w)]),
             _ => None,
         };
+        let backstop = |i: u8| {
+            s.sched.leases[usize::from(i)]
+                .is_some_and(|l| l.phase == Phase::Held && backstop_due(&l))
+        };
         let losses = s.budget.directive_losses > 0;
         match a {
             Action::Grant(i) => s.sched.leases[usize::from(i)].is_none(),
@@ -1127,6 +1157,10 @@ impl ProtocolModel {
             }
             Action::Cancel(i) => held(i),
             Action::CancelMissedBy(i, r) => losses && s.ranks[usize::from(r)].alive && held(i),
+            Action::Backstop(i) => backstop(i),
+            Action::BackstopMissedBy(i, r) => {
+                losses && s.ranks[usize::from(r)].alive && backstop(i)
+            }
             Action::RankLost(r) => s.sched.lost_pending[usize::from(r)],
             Action::FreeBlocks(i) => s.sched.leases[usize::from(i)]
                 .is_some_and(|l| matches!(l.phase, Phase::Drained { .. })),
@@ -1169,8 +1203,10 @@ impl Model for ProtocolModel {
         match a {
             Action::Grant(i) => self.grant(&mut s, i, None)?,
             Action::GrantMissedBy(i, r) => self.grant(&mut s, i, Some(usize::from(r)))?,
-            Action::Cancel(i) => self.cancel(&mut s, i, None)?,
-            Action::CancelMissedBy(i, r) => self.cancel(&mut s, i, Some(usize::from(r)))?,
+            Action::Cancel(i) => self.cancel(&mut s, i, None, false)?,
+            Action::CancelMissedBy(i, r) => self.cancel(&mut s, i, Some(usize::from(r)), false)?,
+            Action::Backstop(i) => self.cancel(&mut s, i, None, true)?,
+            Action::BackstopMissedBy(i, r) => self.cancel(&mut s, i, Some(usize::from(r)), true)?,
             Action::RankLost(r) => {
                 let r = usize::from(r);
                 if !s.sched.lost_pending[r] {
@@ -1426,12 +1462,10 @@ impl Model for ProtocolModel {
                 leases(s).all(|l| !l.cancel_heard || ended(l)) || !m.quiescent(s)
             }),
             Property::always(PROP_LIVE_D_CRASH, |m: &ProtocolModel, s: &State| {
-                s.d.alive || leases(s).all(|l| ended(l) || stuck_by_design(l)) || !m.quiescent(s)
+                s.d.alive || leases(s).all(ended) || !m.quiescent(s)
             }),
             Property::always(PROP_LIVE_D_ALIVE, |m: &ProtocolModel, s: &State| {
-                !s.d.alive
-                    || leases(s).all(|l| read_expired_or_cancelled(l) || stuck_by_design(l))
-                    || !m.quiescent(s)
+                !s.d.alive || leases(s).all(read_expired_or_cancelled) || !m.quiescent(s)
             }),
             // Not vacuous: the interesting things do happen within the bound.
             Property::sometimes(EX_ACCEPTED, |_, s: &State| {
@@ -1480,8 +1514,9 @@ impl Model for ProtocolModel {
             Property::sometimes(EX_MISSED_CANCELLED, |_, s: &State| {
                 leases(s).any(|l| l.missed && l.cancel_heard && l.phase == Phase::Freed)
             }),
-            Property::sometimes(EX_MISSED_STUCK, |m: &ProtocolModel, s: &State| {
-                leases(s).any(|l| l.phase == Phase::Held && stuck_by_design(l)) && m.quiescent(s)
+            Property::sometimes(EX_MISSED_BACKSTOP, |m: &ProtocolModel, s: &State| {
+                s.budget.cancels == m.bound.cancels
+                    && leases(s).any(|l| l.missed && l.phase == Phase::Freed)
             }),
         ]
     }
@@ -1630,10 +1665,12 @@ fn ended(l: &SLease) -> bool {
     matches!(l.phase, Phase::Freed | Phase::Lost)
 }
 
-/// The one lease the library leaves held by design: a rank missed its Grant
-/// (so it will never report it by itself) and no Cancel reached every rank.
-fn stuck_by_design(l: &SLease) -> bool {
-    l.missed && !l.cancel_heard
+/// The scheduler's backstop is armed for a live lease: some rank let go of
+/// it (or was declared lost), and no Cancel has reached every live rank yet.
+/// (The real backstop asks again after that too; in the model every rank
+/// that heard a Cancel has answered it, so asking again changes nothing.)
+fn backstop_due(l: &SLease) -> bool {
+    l.reported.iter().any(|r| *r) && !l.cancel_heard
 }
 
 /// Ended, for a reason what happened explains: read or expired; cancelled

@@ -9,7 +9,8 @@
 //! reports reach the scheduler as bytes, notifications reach a rank as wire
 //! bytes from a named sender (`HB:`; read-done with nonce and the mapping's
 //! consumer count, from D worker `w`'s agent `d{w}`), cancels go through
-//! [`PrefillScheduler::cancel`], and time is the real [`Instant`]
+//! [`PrefillScheduler::cancel`] (the backstop's too: its arming is compared
+//! after every step, its timing is abstracted), and time is the real [`Instant`]
 //! arithmetic (one model tick = [`TICK_SECS`] s, `kv_lease_duration` =
 //! 6 s). Each model action is applied to the real roles, and then every
 //! observable the model claims is compared: each live rank's slot words,
@@ -121,6 +122,11 @@ impl Replay {
             }
             Action::Cancel(i) => self.cancel(usize::from(i), None)?,
             Action::CancelMissedBy(i, r) => self.cancel(usize::from(i), Some(usize::from(r)))?,
+            // The backstop's Cancel is `cancel`'s (the same entry path); that
+            // the real scheduler armed it for this lease, and only when the
+            // model lets it fire, `compare` checks after every step.
+            Action::Backstop(i) => self.cancel(usize::from(i), None)?,
+            Action::BackstopMissedBy(i, r) => self.cancel(usize::from(i), Some(usize::from(r)))?,
             Action::RankLost(r) => {
                 self.sched.rank_lost(u32::from(r));
                 self.drain();
@@ -353,6 +359,14 @@ impl Replay {
         if s.sched.epoch != self.epoch {
             return Err("epochs differ".into());
         }
+        // The backstop's poll at the scheduler's first instant: it stamps
+        // the let-gos seen so far (deadline one lease duration on) and can
+        // fire nothing, so its timing stays out of the replay (the model
+        // abstracts it; tests/it/stuck_leases.rs pins it).
+        let fired = self.sched.poll(Instant::ZERO);
+        if fired != 0 {
+            return Err(format!("the backstop fired {fired} cancels at time zero"));
+        }
         for r in 0..RANKS {
             let model = &s.ranks[r];
             let Some(rank) = self.ranks[r].as_ref() else {
@@ -423,6 +437,14 @@ impl Replay {
                     held += 1;
                     if status != Some(LeaseStatus::Held) {
                         return Err(format!("request {i}: real {status:?}, model held"));
+                    }
+                    let armed = self.sched.backstop_deadline(&self.ids[i]).is_some();
+                    let let_go = l.reported.iter().any(|r| *r);
+                    if armed != let_go {
+                        return Err(format!(
+                            "request {i}: real backstop armed {armed}, model let go by {:?}",
+                            l.reported
+                        ));
                     }
                 }
                 Phase::Drained { ticket } => {

@@ -40,7 +40,15 @@ fn hides_nothing(model: &ProtocolModel, s: &State) {
 }
 
 /// A walk from the initial state until nothing is enabled or `depth` steps.
-fn walk(model: &ProtocolModel, rng: &mut Rng, depth: usize) -> Vec<(Action, State)> {
+/// With `prefer`, an action of that kind is taken whenever one is enabled,
+/// and no other directive loss spends the budget first (a uniform walk
+/// seldom keeps it until the backstop can lose its Cancel).
+fn walk(
+    model: &ProtocolModel,
+    rng: &mut Rng,
+    depth: usize,
+    prefer: Option<&str>,
+) -> Vec<(Action, State)> {
     let mut s = model.initial();
     let mut trace = Vec::new();
     for _ in 0..depth {
@@ -49,7 +57,23 @@ fn walk(model: &ProtocolModel, rng: &mut Rng, depth: usize) -> Vec<(Action, Stat
         if next.is_empty() {
             break;
         }
-        let (a, n) = next[rng.below(next.len())].clone();
+        let (a, n) = match prefer {
+            None => next[rng.below(next.len())].clone(),
+            Some(p) => match next.iter().find(|(a, _)| kind(a) == p) {
+                Some(x) => x.clone(),
+                None => {
+                    let rest: Vec<_> = next
+                        .iter()
+                        .filter(|(a, _)| !kind(a).ends_with("MissedBy"))
+                        .collect();
+                    if rest.is_empty() {
+                        next[rng.below(next.len())].clone()
+                    } else {
+                        rest[rng.below(rest.len())].clone()
+                    }
+                }
+            },
+        };
         trace.push((a, n.clone()));
         s = n;
     }
@@ -60,15 +84,17 @@ fn walk(model: &ProtocolModel, rng: &mut Rng, depth: usize) -> Vec<(Action, Stat
 fn model_traces_replay_on_the_real_roles() {
     let mutant = Replay::mutant();
     let mut steps = 0usize;
-    let mut actions = std::collections::HashSet::new();
+    let mut actions = std::collections::HashSet::<String>::new();
     for (name, bound) in Bound::CI {
         let model = ProtocolModel::new(bound, mutant);
         let mut rng = Rng(0x6b76_6c65_6173_6531);
         for w in 0..3000 {
-            let trace = walk(&model, &mut rng, bound.depth);
+            // One walk in ten favours the backstop losing its Cancel.
+            let prefer = (w % 10 == 0).then_some("BackstopMissedBy");
+            let trace = walk(&model, &mut rng, bound.depth, prefer);
             steps += trace.len();
             for (a, _) in &trace {
-                actions.insert(std::mem::discriminant(a));
+                actions.insert(kind(a));
             }
             if let Err(e) = replay_trace(&model.initial(), &trace, &bound) {
                 let listing: Vec<String> = trace.iter().map(|(a, _)| format!("{a:?}")).collect();
@@ -83,8 +109,51 @@ fn model_traces_replay_on_the_real_roles() {
         "replayed {steps} model steps on the real roles ({} kinds of action), mutant {mutant:?}",
         actions.len()
     );
-    // Every kind of action was replayed (all 17 of them).
-    assert_eq!(actions.len(), 17, "some action was never replayed");
+    // Every kind of action was replayed (all 19 of them), but one the
+    // mutant makes unreachable: freed at its first report, a lease never
+    // waits with its loss budget intact for the backstop to lose a Cancel.
+    let unreachable: &[&str] = match mutant {
+        Some(Mutant::FreeOnFirstReport) => &["BackstopMissedBy"],
+        _ => &[],
+    };
+    let missing: Vec<_> = ALL_KINDS
+        .iter()
+        .filter(|k| !actions.contains(**k) && !unreachable.contains(k))
+        .collect();
+    assert!(missing.is_empty(), "never replayed: {missing:?}");
+    assert!(
+        actions.iter().all(|a| ALL_KINDS.contains(&a.as_str())),
+        "an action kind this test does not list: {actions:?}"
+    );
+}
+
+/// Every kind of [`Action`], by name.
+const ALL_KINDS: [&str; 19] = [
+    "Grant",
+    "GrantMissedBy",
+    "Cancel",
+    "CancelMissedBy",
+    "Backstop",
+    "BackstopMissedBy",
+    "RankLost",
+    "FreeBlocks",
+    "Poll",
+    "Tick",
+    "Heartbeat",
+    "StartRead",
+    "CheckSlot",
+    "Deliver",
+    "Drop",
+    "Duplicate",
+    "CrashD",
+    "CrashRank",
+    "RestartP",
+];
+
+/// An action's kind: its variant's name.
+fn kind(a: &Action) -> String {
+    let s = format!("{a:?}");
+    s.split('(').next().unwrap_or_default().to_string()
 }
 
 /// With the real roles mutated (`.ci/mutants.sh`), the model's

@@ -112,6 +112,15 @@ impl PrefillScheduler {
         self.inner.cancel(request_id)
     }
 
+    /// The backstop: cancels every lease a rank left unanswered (one rank
+    /// let go a `kv_lease_duration` ago and another never did; or past
+    /// `kv_lease_max_pin` / `kv_lease_max_hold` by as much). Returns how
+    /// many Cancels it queued. Call once per step, before
+    /// `encode_directives`.
+    fn poll(&mut self, now: f64) -> PyResult<u32> {
+        Ok(self.inner.poll(instant(now)?))
+    }
+
     /// This step's directives as one message for every rank (empty when
     /// there is nothing to say: then send nothing).
     fn encode_directives<'py>(
@@ -223,6 +232,7 @@ impl PrefillScheduler {
                 grant_refused_duplicate,
                 grant_refused_release_pending,
                 grant_refused_no_ranks,
+                backstop_cancels,
                 directives_sent,
                 reports_applied,
                 reports_stale,

@@ -17,7 +17,8 @@ def engine(config, clock, ranks=2):
 
 
 def step(sched, workers, now, lose=()):
-    """Directives down, poll, reports up, releases drained."""
+    """The backstop, directives down, poll, reports up, releases drained."""
+    sched.poll(now)
     msg = sched.encode_directives(now)
     for w in workers:
         if w.rank not in lose:
@@ -91,6 +92,20 @@ def test_a_rank_that_missed_its_grant_answers_not_held_so_cancel_ends_the_lease(
     released = step(sched, workers, clock.now)
     assert [(r[0], r[2]) for r in released] == [("cmpl-1", "not_held")]
     assert sched.counters()["not_held"] == 1
+
+
+def test_the_backstop_ends_a_lease_whose_grant_a_rank_lost_without_a_cancel(config, clock):
+    sched, workers = engine(config, clock)
+    sched.grant("cmpl-1", clock.now)
+    step(sched, workers, clock.now, lose={1})
+    step(sched, workers, clock.advance(31))  # rank 0 expires; rank 1 never held it
+    step(sched, workers, clock.advance(1))  # the scheduler's next poll sees it
+    assert sched.held == 1
+    step(sched, workers, clock.advance(29))
+    assert sched.held == 1, "a lease duration after rank 0 let go, not before"
+    released = step(sched, workers, clock.advance(1))
+    assert [(r[0], r[2]) for r in released] == [("cmpl-1", "not_held")]
+    assert sched.counters()["backstop_cancels"] == 1
 
 
 def test_refusals_are_typed_exceptions(config, clock):

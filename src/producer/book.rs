@@ -325,13 +325,19 @@ impl LeaseBook {
         was
     }
 
-    /// Expires every lease whose expiry is at or before `now` on some rank.
-    /// Call once per step. Costs O(levels + expired + re-placed) per rank,
+    /// Expires every lease whose expiry is at or before `now` on some rank,
+    /// then runs the scheduler's backstop ([`PrefillScheduler::poll`]): a
+    /// lease one rank let go of a `kv_lease_duration` ago while another
+    /// still holds it (its reader never sent a read-done) is cancelled. Call
+    /// once per step. Costs O(levels + expired + re-placed) per rank,
     /// whatever the number of leases held.
     pub fn poll(&mut self, now: Instant) {
         for r in 0..self.ranks.len() as u32 {
             self.ranks[r as usize].poll(now);
             self.pull_reports(r);
+        }
+        if self.scheduler.poll(now) > 0 {
+            self.push_directives(now);
         }
     }
 

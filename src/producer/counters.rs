@@ -60,6 +60,12 @@ pub struct SchedulerCounters {
     pub ranks_restarted: u64,
     /// Grants refused because every rank was lost.
     pub grant_refused_no_ranks: u64,
+    /// Cancels the scheduler sent by itself ([`crate::PrefillScheduler::poll`]):
+    /// a lease some rank let go of while another had not answered a
+    /// `kv_lease_duration` later (it missed the Grant, or its report or a
+    /// Cancel was lost), or a lease past `kv_lease_max_pin` or
+    /// `kv_lease_max_hold` by as much.
+    pub backstop_cancels: u64,
     /// Releases handed to the engine by `drain_released`.
     pub reported: u64,
     /// Slots given back through the scheduler after the engine freed the blocks.

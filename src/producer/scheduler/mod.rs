@@ -31,6 +31,8 @@
 //! - `update_connector_output`: [`PrefillScheduler::apply_reports`] with
 //!   each worker's report bytes, then [`PrefillScheduler::drain_released`]:
 //!   every release is `finished_sending` for its request.
+//! - Once per step, before the directives are encoded:
+//!   [`PrefillScheduler::poll`], the backstop (below).
 //! - Blocks freed: [`PrefillScheduler::blocks_freed`] (or the pool, from any
 //!   thread).
 //!
@@ -55,15 +57,23 @@
 //!   Cancel it cannot match, with a "not held" report, so
 //!   [`PrefillScheduler::cancel`] always ends a lease. Every such lease is
 //!   released with [`ReleaseReason::NotHeld`] (D's check fails on that rank's
-//!   zero slot: it failed closed). **Limit:** a lease granted in one step
+//!   zero slot: it failed closed). A lease granted in one step
 //!   ([`PrefillScheduler::grant`], Grant and Start in one message) whose
 //!   message a rank lost is never answered by that rank until a later
-//!   directive names it: the other ranks' expiry alone does not end it, so
-//!   its blocks stay held until [`PrefillScheduler::cancel`] (or
-//!   [`PrefillScheduler::rank_restarted`], if the rank restarted). The model
-//!   check finds this run (`docs/model-check.md`). Engines whose IPC does not
-//!   lose messages (vLLM's metadata broadcast) meet it only across a worker
-//!   restart, which `rank_restarted` covers.
+//!   directive names it; the backstop sends that directive.
+//! - **The backstop** ([`PrefillScheduler::poll`]): a lease that one rank let
+//!   go of (read-done, expired, not held) and another has not answered a
+//!   `kv_lease_duration` later is cancelled by the scheduler itself, and
+//!   cancelled again every `kv_lease_duration` until every rank answered
+//!   (the Cancel may be lost too). So is a lease still unreleased a
+//!   `kv_lease_duration` past `kv_lease_max_pin` (never started) or past
+//!   `kv_lease_max_hold` (when set). A Cancel never frees blocks a rank
+//!   holds: the rank zeroes its slot and reports first, so at worst a
+//!   decoder's load fails its check. Counted in `backstop_cancels`.
+//!   **Limit:** a started lease that *no* rank ever reports (the one Grant
+//!   lost to every rank), with `kv_lease_max_hold` off, is not armed: it
+//!   waits for [`PrefillScheduler::cancel`] or
+//!   [`PrefillScheduler::rank_restarted`].
 //! - **An aborted request** whose engine frees the blocks: call
 //!   [`PrefillScheduler::cancel`] from the abort path. If the engine never
 //!   does, a lease that was assigned but never started is let go by every
@@ -73,8 +83,8 @@
 //!
 //! # Allocation
 //!
-//! Everything is allocated in the constructor; assign, start, cancel, the
-//! directive encoder, report decoding and the drain allocate nothing.
+//! Everything is allocated in the constructor; assign, start, cancel, poll,
+//! the directive encoder, report decoding and the drain allocate nothing.
 
 use core::time::Duration;
 use std::sync::Arc;
@@ -92,6 +102,7 @@ use crate::lease_fields::LeaseFields;
 use crate::nonce::{Nonce, NonceSource};
 use crate::slot_pool::{SlotPool, SlotTicket};
 use crate::time::Instant;
+use crate::wheel::TimerWheel;
 
 /// Most ranks one scheduler aggregates (TP × PP of one engine).
 pub const MAX_RANKS: u32 = 4096;
@@ -122,6 +133,12 @@ struct Lease {
     ops: u8,
     /// The ranks were told about it (a Grant went out).
     announced: bool,
+    /// Some rank let go (its report counted, or it was declared lost):
+    /// the backstop's straggler rule applies.
+    heard: bool,
+    /// The backstop's deadline by its pinned or held rule (`Instant::MAX`:
+    /// none), restored when a restart takes back the only let-go.
+    limit: Instant,
     /// The reason so far, combined over the ranks that reported.
     reason: Option<ReleaseReason>,
     reports: u32,
@@ -240,6 +257,12 @@ pub struct PrefillScheduler {
     /// One bit per rank declared lost ([`PrefillScheduler::rank_lost`]).
     lost: Box<[u64]>,
     lost_count: u32,
+    /// `kv_lease_max_pin`: when the ranks let go of a lease never started.
+    max_pin: Duration,
+    /// The backstop's timer, by entry ([`PrefillScheduler::poll`]).
+    backstop: TimerWheel,
+    /// Entries whose first rank report came since the last poll.
+    straggling: DenseSet,
     counters: SchedulerCounters,
 }
 
@@ -262,7 +285,7 @@ impl PrefillScheduler {
         ranks: u32,
         pool: Arc<SlotPool>,
         nonces: NonceSource,
-        _now: Instant,
+        now: Instant,
     ) -> Result<PrefillScheduler, SchedulerError> {
         if ranks == 0 || ranks > MAX_RANKS {
             return Err(SchedulerError::BadRankCount(ranks));
@@ -291,6 +314,8 @@ impl PrefillScheduler {
                     hold_until: Instant::MAX,
                     ops: 0,
                     announced: false,
+                    heard: false,
+                    limit: Instant::MAX,
                     reason: None,
                     reports: 0,
                     slot: None,
@@ -310,6 +335,17 @@ impl PrefillScheduler {
             report_seq: vec![u64::MAX; ranks as usize].into_boxed_slice(),
             lost: vec![0; words].into_boxed_slice(),
             lost_count: 0,
+            max_pin: config.max_pin,
+            // Most deadlines sit one or two lease durations out; the near
+            // level covers that, longer ones (max_pin, max_hold) cascade
+            // once per far window, which is rare and cheap.
+            backstop: TimerWheel::new(
+                entries,
+                config.wheel_tick(),
+                config.lease_duration().saturating_mul(2),
+                now,
+            ),
+            straggling: DenseSet::new(entries),
             counters: SchedulerCounters::default(),
         })
     }
@@ -373,7 +409,7 @@ impl PrefillScheduler {
     /// free) a slot, and queues the Grant directive that makes every rank
     /// publish the nonce. Call when the request is first scheduled; the
     /// lease starts with [`PrefillScheduler::start`].
-    pub fn assign(&mut self, request_id: &str, _now: Instant) -> Result<Assignment, GrantError> {
+    pub fn assign(&mut self, request_id: &str, now: Instant) -> Result<Assignment, GrantError> {
         let id = request_id.as_bytes();
         if let Err(e) = self.ids.check(id) {
             self.counters.grant_refused_bad_id += 1;
@@ -439,6 +475,8 @@ impl PrefillScheduler {
             hold_until: Instant::MAX,
             ops: OP_GRANT,
             announced: false,
+            heard: false,
+            limit: now + self.max_pin + self.duration,
             reason: None,
             reports: 0,
             slot,
@@ -452,8 +490,11 @@ impl PrefillScheduler {
             let lease = &mut self.leases[entry as usize];
             lease.reports = self.lost_count;
             lease.reason = Some(ReleaseReason::NotHeld);
+            lease.heard = true;
+            self.note_straggler(entry);
         }
         self.pending.insert(entry);
+        self.arm_backstop(entry, self.leases[entry as usize].limit);
         self.live += 1;
         self.held += 1;
         self.counters.granted += 1;
@@ -481,8 +522,16 @@ impl PrefillScheduler {
         lease.expiry = now + self.duration;
         lease.hold_until = self.max_hold.map_or(Instant::MAX, |h| now + h);
         lease.ops |= OP_START;
-        let expiry = lease.expiry;
+        // The pinned rule is over: a started lease lives as long as D
+        // heartbeats it, up to kv_lease_max_hold.
+        lease.limit = lease.hold_until + self.duration;
+        let (expiry, limit, heard) = (lease.expiry, lease.limit, lease.heard);
         self.pending.insert(e);
+        self.backstop.cancel(e);
+        self.arm_backstop(e, limit);
+        if heard {
+            self.note_straggler(e);
+        }
         Ok(expiry)
     }
 
@@ -512,22 +561,31 @@ impl PrefillScheduler {
         let Some(e) = self.ids.get(request_id.as_bytes()) else {
             return false;
         };
-        let lease = &mut self.leases[e as usize];
-        match lease.status {
+        match self.leases[e as usize].status {
             Some(LeaseStatus::Assigned | LeaseStatus::Held) => {}
             _ => return false,
         }
+        self.cancel_entry(e);
+        true
+    }
+
+    /// Cancels live entry `e`: queues a Cancel directive and returns true,
+    /// or, when no rank has heard of the lease, releases it at once and
+    /// returns false.
+    pub(super) fn cancel_entry(&mut self, e: u32) -> bool {
+        let lease = &mut self.leases[e as usize];
         if lease.announced {
             lease.ops |= OP_CANCEL;
             self.pending.insert(e);
+            true
         } else {
             // No rank wrote the nonce: nothing to zero, nobody to wait for.
             lease.ops = 0;
             lease.reason = Some(ReleaseReason::Cancelled);
             self.pending.remove(e);
             self.finish(e);
+            false
         }
-        true
     }
 
     /// The engine lost rank `rank`: its worker process died, and its slot
@@ -563,6 +621,7 @@ impl PrefillScheduler {
             self.counters.lost_rank_releases += 1;
             let lease = &mut self.leases[e as usize];
             lease.reports += 1;
+            lease.heard = true;
             lease.reason = Some(lease.reason.map_or(ReleaseReason::NotHeld, |r| {
                 r.combine(ReleaseReason::NotHeld)
             }));
@@ -570,6 +629,8 @@ impl PrefillScheduler {
                 lease.ops = 0;
                 self.pending.remove(e);
                 self.finish(e);
+            } else {
+                self.note_straggler(e);
             }
         }
     }
@@ -609,7 +670,13 @@ impl PrefillScheduler {
                 let lease = &mut self.leases[e as usize];
                 lease.reports -= 1;
                 if lease.reports == 0 {
+                    // Nobody let go after all: only the lease's own limit
+                    // stays armed.
                     lease.reason = None;
+                    lease.heard = false;
+                    let limit = lease.limit;
+                    self.disarm_backstop(e);
+                    self.arm_backstop(e, limit);
                 }
             }
         }
@@ -627,6 +694,7 @@ impl PrefillScheduler {
     // ---- the engine's side -------------------------------------------------------------
 }
 
+mod backstop;
 mod directives;
 mod errors;
 mod reports;

@@ -93,7 +93,9 @@ impl PrefillScheduler {
         } else {
             self.ranks
         };
+        lease.heard = true;
         if lease.reports < all {
+            self.note_straggler(e);
             return ReportOutcome::Counted;
         }
         // Every rank let go: a pending Start or Cancel is moot.
@@ -113,6 +115,7 @@ impl PrefillScheduler {
         ));
         lease.status = Some(LeaseStatus::Released(reason));
         self.held -= 1;
+        self.disarm_backstop(e);
         match reason {
             ReleaseReason::ReadDone => self.counters.released_read += 1,
             ReleaseReason::Expired => self.counters.expired += 1,

@@ -92,6 +92,8 @@ class PrefillLeases:
         return held
 
     def directives(self, now: float) -> bytes:
+        # The backstop first: its Cancels ride this step's message.
+        self.sched.poll(now)
         return self.sched.encode_directives(now)
 
     def holds(self, request_id: str) -> bool:
