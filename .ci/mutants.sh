@@ -24,7 +24,7 @@
 # free_on_first_report "never freed while held", count_per_rank "read-done
 # release only after every reader finished" (D TP 4: two readers per P
 # rank, one read-done duplicated), ignore_not_held "a heard cancel ends the
-# lease" (a Grant lost to one rank, then the backstop's cancel). Release, as above: a
+# lease" (a Grant lost to one rank, then a cancel). Release, as above: a
 # debug build of the mutated roles trips their own debug assertions first
 # (zero_after_report: "slot published while held").
 #

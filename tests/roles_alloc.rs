@@ -4,7 +4,7 @@
 //! decoded), with assigns, starts, grants, cancels, text and compact
 //! heartbeats that reach one rank or both, read-dones, expiries, drains and
 //! slot reuse, directive messages lost to rank 1 and the scheduler's
-//! backstop cancelling what they left unanswered, make exactly 0 heap
+//! backstop probing what they left unanswered, make exactly 0 heap
 //! allocations.
 //!
 //! The counting allocator (tests/support/counting_alloc.rs) counts only on
@@ -152,7 +152,7 @@ fn split_p_roles_allocate_nothing_after_construction() {
         "{c:?}"
     );
     assert!(c.slots_returned > 1_000, "{c:?}");
-    assert!(c.backstop_cancels > 10 && c.reports_not_held > 10, "{c:?}");
+    assert!(c.backstop_probes > 10 && c.reports_not_held > 10, "{c:?}");
     assert!(
         r0.renewed > 10_000 && r0.heartbeat_empty_ids > 1_000,
         "{r0:?}"
@@ -168,8 +168,8 @@ fn split_p_roles_allocate_nothing_after_construction() {
     assert_eq!(reported, c.reported);
     println!(
         "roles_alloc: {STEPS} steps of a scheduler and 2 ranks over bytes, {} grants, \
-         {} expiries, {} directives, {} backstop cancels: {allocs} allocations, {bytes} bytes",
-        c.granted, c.expired, c.directives_sent, c.backstop_cancels
+         {} expiries, {} directives, {} backstop probes: {allocs} allocations, {bytes} bytes",
+        c.granted, c.expired, c.directives_sent, c.backstop_probes
     );
     assert_eq!((allocs, bytes), (0, 0), "steady-state role steps allocated");
 }
@@ -212,4 +212,30 @@ fn rank_memory_per_entry_matches_the_docs() {
     // ids of at most 46 bytes (the slot arrays are the engine's, not counted).
     assert!((244.0..=256.0).contains(&p128), "{p128} B per entry");
     assert!((162.0..=174.0).contains(&p46), "{p46} B per entry");
+}
+
+/// What `PrefillScheduler::new` reserves per lease entry (the slope between
+/// two sizes, two ranks), with 128-byte ids: the figure `docs/embedding.md`
+/// gives ("Limits and degraded behaviour"). Its backstop (a timer-wheel
+/// entry and a set cell per lease) is part of it.
+#[test]
+fn scheduler_memory_per_entry_matches_the_docs() {
+    let bytes = |n: u32| {
+        let c = LeaseConfig::new(EngineShape {
+            num_kv_blocks: n,
+            max_num_seqs: 0,
+        });
+        c.validate().unwrap();
+        let (sched, counts) = count_allocs(|| PrefillScheduler::new(&c, 2, Instant::ZERO));
+        drop(sched);
+        counts.bytes
+    };
+    // Entries = kv_lease_slots + kv_lease_capacity = 2n here.
+    let per_entry = (bytes(2 * 65_536) - bytes(65_536)) as f64 / 131_072.0;
+    println!("scheduler memory: {per_entry} B/entry (128-byte ids)");
+    // docs/embedding.md, "Limits": about 258 B per entry.
+    assert!(
+        (250.0..=266.0).contains(&per_entry),
+        "{per_entry} B per entry"
+    );
 }

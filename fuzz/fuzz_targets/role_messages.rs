@@ -3,7 +3,7 @@
 //! scheduler. Never a panic; whatever decodes re-encodes to the same bytes;
 //! and a rank or scheduler fed garbage keeps its invariants (no lease is
 //! created by a report, a refused message changes nothing, the backstop
-//! that follows only queues Cancels).
+//! that follows only queues directives).
 //!
 //! Input: `[selector byte][message bytes]`.
 #![no_main]
@@ -85,7 +85,7 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(n as u32, held - s.held());
         // The backstop after garbage reports (the first poll stamps their
         // let-gos, the second is past every deadline): it may only queue
-        // Cancels (every lease here was announced), never end a lease.
+        // directives (every lease here was announced), never end a lease.
         let live = s.held();
         s.poll(now);
         let fired = s.poll(Instant::from_secs(1 << 20));

@@ -25,14 +25,15 @@
 //!   missed the Grant, or already let go) is answered "not held"
 //!   ([`ReleaseReason::NotHeld`]), which the scheduler counts as let go
 //!   (or ignores, when that rank reported already).
-//! - **The engine's IPC** may lose one directive message on its way to one
-//!   rank ([`Action::GrantMissedBy`], [`Action::CancelMissedBy`], from a
-//!   budget): that rank never holds the lease (its slot stays 0), or never
-//!   hears the Cancel.
-//! - **The scheduler's backstop** ([`Action::Backstop`]) cancels a lease
+//! - **The engine's IPC** may lose directive messages on their way to one
+//!   rank ([`Action::GrantMissedBy`], [`Action::CancelMissedBy`],
+//!   [`Action::BackstopMissedBy`], from a budget): that rank never holds the
+//!   lease (its slot stays 0), or never hears the Cancel or the probe.
+//! - **The scheduler's backstop** ([`Action::Backstop`]) probes a lease
 //!   that one rank let go of (or was declared lost) while another has not:
-//!   at any time after the let-go (the real one waits `kv_lease_duration`),
-//!   out of no budget, until a Cancel reached every live rank.
+//!   its Start again, at any time after the let-go (the real one waits
+//!   `kv_lease_duration`), out of no budget. A rank that holds the lease
+//!   ignores it; one that does not answers "not held".
 //! - **D** is one actor for its scheduler (tracker, heartbeats) and its
 //!   `d_tp` workers; worker `w` reads the P ranks the real
 //!   [`kvlease::topology::TpMapping`] gives it (D TP 1: both P ranks; 2: one
@@ -97,8 +98,8 @@
 //! freed; after a D crash every block is freed; with D alive every lease is
 //! read, expired or cancelled. A lease one rank missed the Grant of is ended
 //! by the scheduler's backstop ([`Action::Backstop`]): once another rank let
-//! go of it, the scheduler cancels it itself, and the rank that missed it
-//! answers "not held". A `sometimes` property shows such a run with no
+//! go of it, the scheduler probes it, and the rank that missed it answers
+//! "not held". A `sometimes` property shows such a run with no
 //! cancel from the engine. (Before the backstop, the last two properties
 //! had to exempt that lease.)
 //!
@@ -338,8 +339,8 @@ impl Bound {
     /// What `cargo test -p kvlease-model --release` checks, each to the end
     /// of its state space (the depth bound is never reached): the network's
     /// faults; the process faults, with a cancel; and the engine's topology
-    /// (two D readers per P rank) with a lost directive, a cancel and the
-    /// network's faults. Every property, every mutant. Sized for the CI
+    /// (two D readers per P rank) with two lost directives (a Grant, then the
+    /// backstop's probe), a cancel and the network's faults. Every property, every mutant. Sized for the CI
     /// step's time (`docs/model-check.md`: state counts and times).
     pub const CI: [(&'static str, Bound); 3] = [
         (
@@ -361,13 +362,14 @@ impl Bound {
             },
         ),
         (
-            "engine: D TP 4 (two readers per P rank), a lost directive, cancel, loss, duplication",
+            "engine: D TP 4 (two readers per P rank), two lost directives, cancel, loss, duplication",
             Bound {
                 requests: 1,
                 d_tp: 4,
                 drops: 1,
                 dups: 1,
-                directive_losses: 1,
+                // Two: a Grant lost to one rank, then the backstop's probe.
+                directive_losses: 2,
                 cancels: 1,
                 ..Bound::BASE
             },
@@ -450,8 +452,7 @@ pub struct SLease {
     /// Ghost: a rank of it was declared lost while it was held (or before
     /// its grant).
     pub rank_lost: bool,
-    /// Ghost: the engine or the scheduler's backstop cancelled it (some
-    /// Cancel may have been lost).
+    /// Ghost: the engine cancelled it (some Cancel may have been lost).
     pub cancelled: bool,
     /// Ghost: a Cancel reached every live rank.
     pub cancel_heard: bool,
@@ -671,12 +672,12 @@ pub enum Action {
     Cancel(u8),
     /// As [`Action::Cancel`], but the rank never gets the directive.
     CancelMissedBy(u8, u8),
-    /// The scheduler's backstop (`PrefillScheduler::poll`) cancels a lease
+    /// The scheduler's backstop (`PrefillScheduler::poll`) probes a lease
     /// that some rank let go of (or was declared lost) while another has
-    /// not answered: the same Cancel directive, out of no budget. The real
-    /// one waits a `kv_lease_duration` first; the model lets it happen any
-    /// time after the first let-go, which covers every real timing (a
-    /// Cancel is always safe).
+    /// not answered: its Start again, out of no budget; a rank that holds
+    /// the lease ignores it, one that does not answers "not held". The
+    /// real one waits a `kv_lease_duration` first; the model lets it happen
+    /// any time after the first let-go, which covers every real timing.
     Backstop(u8),
     /// As [`Action::Backstop`], but the rank never gets the directive.
     BackstopMissedBy(u8, u8),
@@ -1027,18 +1028,12 @@ impl ProtocolModel {
         Some(())
     }
 
-    /// The engine (or, `backstop`, the scheduler itself) cancels request
-    /// `i`'s lease; the directive is lost on its way to rank `missed`. Every
-    /// rank that gets it answers at once.
-    fn cancel(&self, s: &mut State, i: u8, missed: Option<usize>, backstop: bool) -> Option<()> {
+    /// The engine cancels request `i`'s lease; the directive is lost on its
+    /// way to rank `missed`. Every rank that gets it answers at once.
+    fn cancel(&self, s: &mut State, i: u8, missed: Option<usize>) -> Option<()> {
         let i = usize::from(i);
         let l = s.sched.leases[i]?;
-        let allowed = if backstop {
-            backstop_due(&l)
-        } else {
-            s.budget.cancels > 0
-        };
-        if l.phase != Phase::Held || !allowed {
+        if l.phase != Phase::Held || s.budget.cancels == 0 {
             return None;
         }
         if let Some(m) = missed {
@@ -1047,9 +1042,7 @@ impl ProtocolModel {
             }
             s.budget.directive_losses -= 1;
         }
-        if !backstop {
-            s.budget.cancels -= 1;
-        }
+        s.budget.cancels -= 1;
         if let Some(l) = s.sched.leases[i].as_mut() {
             l.cancelled = true;
             l.cancel_heard |= missed.is_none();
@@ -1067,6 +1060,35 @@ impl ProtocolModel {
             }
         }
         Some(())
+    }
+
+    /// The scheduler's backstop probes request `i`'s lease (its Start again);
+    /// the directive is lost on its way to rank `missed`. A rank that holds
+    /// the lease takes it for a duplicate; one that does not answers "not
+    /// held" at once. `None` when it would change nothing (so a state where
+    /// only a futile probe is left is where a run ends).
+    fn probe(&self, s: &mut State, i: u8, missed: Option<usize>) -> Option<()> {
+        let i = usize::from(i);
+        let l = s.sched.leases[i]?;
+        if l.phase != Phase::Held || !backstop_due(s, i) {
+            return None;
+        }
+        if let Some(m) = missed {
+            if s.budget.directive_losses == 0 || !s.ranks[m].alive {
+                return None;
+            }
+            s.budget.directive_losses -= 1;
+        }
+        let before = s.sched.leases[i];
+        for r in 0..RANKS {
+            if !s.ranks[r].alive || missed == Some(r) {
+                continue;
+            }
+            if s.ranks[r].held[i].is_none_or(|h| h.nonce != l.nonce) {
+                self.on_report(&mut s.sched, r, i, l.nonce, ReleaseReason::NotHeld);
+            }
+        }
+        (missed.is_some() || s.sched.leases[i] != before).then_some(())
     }
 
     /// Worker `w` finished its READ of request `i`: its read-done to every
@@ -1146,8 +1168,8 @@ impl ProtocolModel {
             _ => None,
         };
         let backstop = |i: u8| {
-            s.sched.leases[usize::from(i)]
-                .is_some_and(|l| l.phase == Phase::Held && backstop_due(&l))
+            s.sched.leases[usize::from(i)].is_some_and(|l| l.phase == Phase::Held)
+                && backstop_due(s, usize::from(i))
         };
         let losses = s.budget.directive_losses > 0;
         match a {
@@ -1203,10 +1225,10 @@ impl Model for ProtocolModel {
         match a {
             Action::Grant(i) => self.grant(&mut s, i, None)?,
             Action::GrantMissedBy(i, r) => self.grant(&mut s, i, Some(usize::from(r)))?,
-            Action::Cancel(i) => self.cancel(&mut s, i, None, false)?,
-            Action::CancelMissedBy(i, r) => self.cancel(&mut s, i, Some(usize::from(r)), false)?,
-            Action::Backstop(i) => self.cancel(&mut s, i, None, true)?,
-            Action::BackstopMissedBy(i, r) => self.cancel(&mut s, i, Some(usize::from(r)), true)?,
+            Action::Cancel(i) => self.cancel(&mut s, i, None)?,
+            Action::CancelMissedBy(i, r) => self.cancel(&mut s, i, Some(usize::from(r)))?,
+            Action::Backstop(i) => self.probe(&mut s, i, None)?,
+            Action::BackstopMissedBy(i, r) => self.probe(&mut s, i, Some(usize::from(r)))?,
             Action::RankLost(r) => {
                 let r = usize::from(r);
                 if !s.sched.lost_pending[r] {
@@ -1665,12 +1687,22 @@ fn ended(l: &SLease) -> bool {
     matches!(l.phase, Phase::Freed | Phase::Lost)
 }
 
-/// The scheduler's backstop is armed for a live lease: some rank let go of
-/// it (or was declared lost), and no Cancel has reached every live rank yet.
-/// (The real backstop asks again after that too; in the model every rank
-/// that heard a Cancel has answered it, so asking again changes nothing.)
-fn backstop_due(l: &SLease) -> bool {
-    l.reported.iter().any(|r| *r) && !l.cancel_heard
+/// The scheduler's backstop may probe request `i`'s lease to some effect:
+/// some rank let go of it (or was declared lost), which arms it, and some
+/// live rank neither holds it nor reported it, which only a probe (or a
+/// cancel) makes answer. (The real backstop also probes ranks that hold the
+/// lease, every `kv_lease_duration`: a duplicate there, so the model leaves
+/// those probes out.)
+fn backstop_due(s: &State, i: usize) -> bool {
+    let Some(l) = s.sched.leases[i] else {
+        return false;
+    };
+    l.reported.iter().any(|r| *r)
+        && (0..RANKS).any(|r| {
+            s.ranks[r].alive
+                && !l.reported[r]
+                && s.ranks[r].held[i].is_none_or(|h| h.nonce != l.nonce)
+        })
 }
 
 /// Ended, for a reason what happened explains: read or expired; cancelled

@@ -9,9 +9,9 @@
 //! reports reach the scheduler as bytes, notifications reach a rank as wire
 //! bytes from a named sender (`HB:`; read-done with nonce and the mapping's
 //! consumer count, from D worker `w`'s agent `d{w}`), cancels go through
-//! [`PrefillScheduler::cancel`] (the backstop's too: its arming is compared
-//! after every step, its timing is abstracted), and time is the real [`Instant`]
-//! arithmetic (one model tick = [`TICK_SECS`] s, `kv_lease_duration` =
+//! [`PrefillScheduler::cancel`], the backstop's probes through
+//! [`PrefillScheduler::probe`] (its arming is compared after every step, its
+//! timing is abstracted), and time is the real [`Instant`] arithmetic (one model tick = [`TICK_SECS`] s, `kv_lease_duration` =
 //! 6 s). Each model action is applied to the real roles, and then every
 //! observable the model claims is compared: each live rank's slot words,
 //! which leases it holds and each one's time left, the scheduler's held
@@ -122,11 +122,12 @@ impl Replay {
             }
             Action::Cancel(i) => self.cancel(usize::from(i), None)?,
             Action::CancelMissedBy(i, r) => self.cancel(usize::from(i), Some(usize::from(r)))?,
-            // The backstop's Cancel is `cancel`'s (the same entry path); that
-            // the real scheduler armed it for this lease, and only when the
-            // model lets it fire, `compare` checks after every step.
-            Action::Backstop(i) => self.cancel(usize::from(i), None)?,
-            Action::BackstopMissedBy(i, r) => self.cancel(usize::from(i), Some(usize::from(r)))?,
+            // The backstop's probe is `probe`'s (the same entry path); that
+            // the real scheduler armed it for this lease exactly when the
+            // model's lease was let go by some rank, `compare` checks after
+            // every step.
+            Action::Backstop(i) => self.probe(usize::from(i), None)?,
+            Action::BackstopMissedBy(i, r) => self.probe(usize::from(i), Some(usize::from(r)))?,
             Action::RankLost(r) => {
                 self.sched.rank_lost(u32::from(r));
                 self.drain();
@@ -195,6 +196,16 @@ impl Replay {
     fn cancel(&mut self, i: usize, missed: Option<usize>) -> Result<(), String> {
         if !self.sched.cancel(&self.ids[i]) {
             return Err(format!("real cancel of request {i} found no live lease"));
+        }
+        self.directives(missed)
+    }
+
+    /// The backstop probes request `i`'s lease (its Start again); the
+    /// directive message reaches every live rank but `missed`, and their
+    /// answers go up at once.
+    fn probe(&mut self, i: usize, missed: Option<usize>) -> Result<(), String> {
+        if !self.sched.probe(&self.ids[i]) {
+            return Err(format!("real probe of request {i} found no started lease"));
         }
         self.directives(missed)
     }

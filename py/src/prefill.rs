@@ -112,11 +112,12 @@ impl PrefillScheduler {
         self.inner.cancel(request_id)
     }
 
-    /// The backstop: cancels every lease a rank left unanswered (one rank
-    /// let go a `kv_lease_duration` ago and another never did; or past
-    /// `kv_lease_max_pin` / `kv_lease_max_hold` by as much). Returns how
-    /// many Cancels it queued. Call once per step, before
-    /// `encode_directives`.
+    /// The backstop: probes every started lease a rank left unanswered (one
+    /// rank let go a `kv_lease_duration` ago and another never answered: its
+    /// Start goes out again, a duplicate to ranks that hold it), and
+    /// cancels a lease past `kv_lease_max_pin` / `kv_lease_max_hold` by as
+    /// much. Returns how many directives it queued. Call once per step,
+    /// before `encode_directives`.
     fn poll(&mut self, now: f64) -> PyResult<u32> {
         Ok(self.inner.poll(instant(now)?))
     }
@@ -232,6 +233,7 @@ impl PrefillScheduler {
                 grant_refused_duplicate,
                 grant_refused_release_pending,
                 grant_refused_no_ranks,
+                backstop_probes,
                 backstop_cancels,
                 directives_sent,
                 reports_applied,

@@ -60,11 +60,15 @@ pub struct SchedulerCounters {
     pub ranks_restarted: u64,
     /// Grants refused because every rank was lost.
     pub grant_refused_no_ranks: u64,
-    /// Cancels the scheduler sent by itself ([`crate::PrefillScheduler::poll`]):
-    /// a lease some rank let go of while another had not answered a
-    /// `kv_lease_duration` later (it missed the Grant, or its report or a
-    /// Cancel was lost), or a lease past `kv_lease_max_pin` or
-    /// `kv_lease_max_hold` by as much.
+    /// Probes the scheduler sent by itself ([`crate::PrefillScheduler::poll`]):
+    /// a started lease's Start again, because some rank let go of it and
+    /// another had not answered a `kv_lease_duration` later (it missed the
+    /// Grant, or its report was lost, or its readers are slow). Harmless to
+    /// a rank that holds the lease.
+    pub backstop_probes: u64,
+    /// Cancels the scheduler sent by itself: a lease a `kv_lease_duration`
+    /// past `kv_lease_max_pin` (never started) or `kv_lease_max_hold`, when
+    /// every rank that held it let go by its own rule.
     pub backstop_cancels: u64,
     /// Releases handed to the engine by `drain_released`.
     pub reported: u64,

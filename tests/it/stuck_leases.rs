@@ -2,7 +2,7 @@
 //! a rank that never applied a Grant (its directive message was lost, it
 //! refused the Grant, or it was lost before the Grant went out), a rank
 //! that restarts, a lease assigned but never started, and the scheduler's
-//! backstop that cancels such a lease when nobody else does.
+//! backstop that ends such a lease when nobody else does.
 //!
 //! Every test drives the split roles through their bytes, as an engine
 //! does: the scheduler's poll (its backstop) and directive message to each
@@ -156,18 +156,18 @@ fn rank_lost_covers_leases_in_flight_and_granted_later() {
     assert_eq!(e.sched.held(), 0);
     let mut got = e.released.clone();
     got.sort_by(|a, b| a.0.cmp(&b.0));
-    // The loss counts as a let-go, so the backstop cancels both a lease
-    // duration on (no decoder can verify a lost rank's slot); at `far` its
-    // Cancel reaches rank 0 before rank 0's own poll would expire them.
+    // Rank 0 expires them; the lost rank counts as "not held". (The loss
+    // armed the backstop too: its probe reached rank 0, a duplicate there.)
     assert_eq!(
         got,
         [
-            ("after".to_string(), ReleaseReason::Cancelled),
-            ("before".to_string(), ReleaseReason::Cancelled)
+            ("after".to_string(), ReleaseReason::NotHeld),
+            ("before".to_string(), ReleaseReason::NotHeld)
         ]
     );
-    assert_eq!(e.sched.counters().lost_rank_releases, 2);
-    assert_eq!(e.sched.counters().backstop_cancels, 2);
+    let c = e.sched.counters();
+    assert_eq!(c.lost_rank_releases, 2);
+    assert_eq!((c.backstop_probes, c.backstop_cancels), (2, 0));
 }
 
 /// A restarted rank is resynchronised: leases whose Grant it never saw are
@@ -279,10 +279,10 @@ fn lose_grant_to_rank_1_then_expire_on_rank_0(e: &mut Engine, id: &str) -> Insta
 /// The limit the issue 19 note left open. Before: a lease granted in one
 /// step whose message rank 1 lost was never answered by rank 1, so its
 /// blocks stayed held until the engine happened to cancel. Now the
-/// scheduler cancels it itself one `kv_lease_duration` after rank 0 let go,
-/// and not a tick earlier.
+/// scheduler probes it (sends its Start again) one `kv_lease_duration`
+/// after rank 0 let go, and not a tick earlier; rank 1 answers "not held".
 #[test]
-fn the_backstop_cancels_a_lease_whose_grant_a_rank_lost() {
+fn the_backstop_ends_a_lease_whose_grant_a_rank_lost() {
     let mut e = Engine::new(2);
     let slots = e.free_slots();
     let seen = lose_grant_to_rank_1_then_expire_on_rank_0(&mut e, "req-1");
@@ -290,9 +290,10 @@ fn the_backstop_cancels_a_lease_whose_grant_a_rank_lost() {
     assert_eq!(e.sched.backstop_deadline("req-1"), Some(due));
     e.step(due - tick(&e), &[]);
     assert_eq!(e.sched.held(), 1, "not before its deadline");
-    assert_eq!(e.sched.counters().backstop_cancels, 0);
+    assert_eq!(e.sched.counters().backstop_probes, 0);
     e.step(due, &[]);
-    assert_eq!(e.sched.counters().backstop_cancels, 1);
+    let c = e.sched.counters();
+    assert_eq!((c.backstop_probes, c.backstop_cancels), (1, 0));
     assert_eq!(e.sched.held(), 0);
     assert_eq!(e.released, [("req-1".to_string(), ReleaseReason::NotHeld)]);
     assert_eq!(e.free_slots(), slots, "the slot is back in the pool");
@@ -300,57 +301,100 @@ fn the_backstop_cancels_a_lease_whose_grant_a_rank_lost() {
     assert_eq!(e.sched.backstop_deadline("req-1"), None);
 }
 
-/// The backstop's own Cancel can be lost as well: it asks again every
+/// The probe can be lost as well: the backstop asks again every
 /// `kv_lease_duration` until every rank answered.
 #[test]
-fn the_backstop_asks_again_when_its_cancel_is_lost() {
+fn the_backstop_asks_again_when_its_probe_is_lost() {
     let mut e = Engine::new(2);
     let seen = lose_grant_to_rank_1_then_expire_on_rank_0(&mut e, "req-1");
     let due = seen + e.config.lease_duration();
-    e.step(due, &[1]); // the Cancel is lost to rank 1 too
-    assert_eq!(e.sched.counters().backstop_cancels, 1);
+    e.step(due, &[1]); // the probe is lost to rank 1 too
+    assert_eq!(e.sched.counters().backstop_probes, 1);
     assert_eq!(e.sched.held(), 1);
     let again = due + e.config.lease_duration();
     assert_eq!(e.sched.backstop_deadline("req-1"), Some(again));
     e.step(again, &[]);
-    assert_eq!(e.sched.counters().backstop_cancels, 2);
+    assert_eq!(e.sched.counters().backstop_probes, 2);
     assert_eq!(e.sched.held(), 0);
     assert_eq!(e.released, [("req-1".to_string(), ReleaseReason::NotHeld)]);
 }
 
-/// A healthy lease never meets the backstop: D heartbeats it for ten lease
-/// durations, then its two readers finish a few seconds apart (rank 0
-/// first), and it is released by read, with no cancel from the scheduler.
+/// The probe never frees a lease a rank holds. Rank 0's reader finishes;
+/// rank 1's reader takes three lease durations more while D keeps
+/// heartbeating it: the backstop probes rank 1 on the way (a duplicate
+/// Start there, nothing changes), and the lease is released by read.
 #[test]
-fn a_healthy_lease_is_never_cancelled_by_the_backstop() {
+fn the_backstop_never_frees_a_lease_a_rank_holds() {
     let mut e = Engine::new(2);
     let g = e.sched.grant("busy", T0).unwrap();
+    e.step(T0, &[]);
+    let beat = e.config.heartbeat_interval();
+    let _ = e.ranks[0].read_done(b"d-0", b"busy", 1, Some(g.nonce));
+    let mut now = T0;
+    e.step(now, &[]);
+    assert_eq!(e.sched.held(), 1, "rank 1's reader is still busy");
+    while now < T0 + e.config.lease_duration() * 3 {
+        now = now + beat;
+        assert_eq!(e.ranks[1].renew(b"busy", now), kvlease::Renewal::Renewed);
+        e.step(now, &[]);
+        assert_eq!(e.sched.held(), 1, "held at {now:?}");
+    }
+    let c = e.sched.counters();
+    assert!(c.backstop_probes >= 2, "{c:?}");
+    assert_eq!(c.backstop_cancels, 0);
+    assert_eq!(
+        e.ranks[1].counters().directives_duplicate,
+        c.backstop_probes,
+        "every probe was a duplicate on the rank that holds the lease"
+    );
+    let _ = e.ranks[1].read_done(b"d-1", b"busy", 1, Some(g.nonce));
+    e.step(now, &[]);
+    assert_eq!(e.released, [("busy".to_string(), ReleaseReason::ReadDone)]);
+    assert_eq!(e.sched.backstop_deadline("busy"), None);
+}
+
+/// A lease whose readers finish together never meets the backstop, however
+/// long D heartbeats it first.
+#[test]
+fn a_healthy_lease_is_never_probed() {
+    let mut e = Engine::new(2);
+    let g = e.sched.grant("ok", T0).unwrap();
     e.step(T0, &[]);
     let beat = e.config.heartbeat_interval();
     let mut now = T0;
     while now < T0 + e.config.lease_duration() * 10 {
         now = now + beat;
         for r in &mut e.ranks {
-            assert_eq!(r.renew(b"busy", now), kvlease::Renewal::Renewed);
+            assert_eq!(r.renew(b"ok", now), kvlease::Renewal::Renewed);
         }
         e.step(now, &[]);
     }
-    assert_eq!(e.sched.held(), 1);
-    let _ = e.ranks[0].read_done(b"d-0", b"busy", 1, Some(g.nonce));
-    e.step(now, &[]);
-    assert_eq!(e.sched.held(), 1, "rank 1's reader is still busy");
-    // Rank 1's reader finishes most of a lease duration later, while D
-    // keeps heartbeating it.
-    let late = now + e.config.lease_duration() - beat;
-    for r in &mut e.ranks {
-        let _ = r.renew(b"busy", late);
+    for (r, rank) in e.ranks.iter_mut().enumerate() {
+        let _ = rank.read_done(format!("d-{r}").as_bytes(), b"ok", 1, Some(g.nonce));
     }
-    e.step(late, &[]);
-    let _ = e.ranks[1].read_done(b"d-1", b"busy", 1, Some(g.nonce));
-    e.step(late, &[]);
-    assert_eq!(e.released, [("busy".to_string(), ReleaseReason::ReadDone)]);
-    assert_eq!(e.sched.counters().backstop_cancels, 0);
-    assert_eq!(e.sched.backstop_deadline("busy"), None);
+    e.step(now, &[]);
+    assert_eq!(e.released, [("ok".to_string(), ReleaseReason::ReadDone)]);
+    let c = e.sched.counters();
+    assert_eq!((c.backstop_probes, c.backstop_cancels), (0, 0));
+}
+
+/// A probe that reaches a rank which missed the Start alone (assign and
+/// start apart) starts the lease there, as the scheduler meant.
+#[test]
+fn a_probe_starts_a_lease_on_a_rank_that_missed_its_start() {
+    let mut e = Engine::new(2);
+    e.sched.assign("split", T0).unwrap();
+    e.step(T0, &[]);
+    e.sched.start("split", T0).unwrap();
+    e.step(T0, &[1]); // the Start is lost to rank 1: still pinned there
+    let pinned = Some(Instant::MAX);
+    assert_eq!(e.ranks[1].expiry("split"), pinned, "pinned, not started");
+    assert!(e.sched.probe("split"));
+    e.step(T0 + tick(&e), &[]);
+    let started = e.ranks[1].expiry("split");
+    assert_eq!(started, e.ranks[0].expiry("split"), "started by the probe");
+    assert_ne!(started, pinned);
+    assert!(!e.sched.probe("unknown"));
 }
 
 /// One rank, and its only Grant lost: no rank ever reports, so the
@@ -395,7 +439,8 @@ fn a_started_lease_outlives_the_pinned_rule() {
         e.step(now, &[]);
     }
     assert_eq!(e.sched.held(), 1);
-    assert_eq!(e.sched.counters().backstop_cancels, 0);
+    let c = e.sched.counters();
+    assert_eq!((c.backstop_probes, c.backstop_cancels), (0, 0));
 }
 
 /// With `kv_lease_max_hold` set, a started lease that no rank answers (one

@@ -60,8 +60,9 @@ class PrefillScheduler:
     def grant(self, request_id: str, now: float) -> Optional[tuple[int, int]]: ...
     def cancel(self, request_id: str) -> bool: ...
     def poll(self, now: float) -> int:
-        """The backstop: Cancels queued for leases a rank left unanswered.
-        Call once per step, before ``encode_directives``."""
+        """The backstop: probes (and, past a limit, Cancels) queued for
+        leases a rank left unanswered. Call once per step, before
+        ``encode_directives``."""
     def encode_directives(self, now: float) -> bytes:
         """This step's directives for every rank (b"" when none)."""
     def apply_reports(self, rank: int, msg: Buffer) -> tuple[int, int, int]:

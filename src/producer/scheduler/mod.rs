@@ -61,18 +61,19 @@
 //!   ([`PrefillScheduler::grant`], Grant and Start in one message) whose
 //!   message a rank lost is never answered by that rank until a later
 //!   directive names it; the backstop sends that directive.
-//! - **The backstop** ([`PrefillScheduler::poll`]): a lease that one rank let
-//!   go of (read-done, expired, not held) and another has not answered a
-//!   `kv_lease_duration` later is cancelled by the scheduler itself, and
-//!   cancelled again every `kv_lease_duration` until every rank answered
-//!   (the Cancel may be lost too). So is a lease still unreleased a
-//!   `kv_lease_duration` past `kv_lease_max_pin` (never started) or past
-//!   `kv_lease_max_hold` (when set). A Cancel never frees blocks a rank
-//!   holds: the rank zeroes its slot and reports first, so at worst a
-//!   decoder's load fails its check. Counted in `backstop_cancels`.
-//!   **Limit:** a started lease that *no* rank ever reports (the one Grant
-//!   lost to every rank), with `kv_lease_max_hold` off, is not armed: it
-//!   waits for [`PrefillScheduler::cancel`] or
+//! - **The backstop** ([`PrefillScheduler::poll`]): when one rank let go of
+//!   a started lease (read-done, expired, not held, or declared lost) and
+//!   another has not answered a `kv_lease_duration` later, the scheduler
+//!   sends the lease's Start again (a probe, [`PrefillScheduler::probe`]),
+//!   and again every `kv_lease_duration`: a rank that holds the lease takes
+//!   it for a duplicate, one that does not answers "not held", so a Grant
+//!   lost to one rank ends with the others' let-go and nothing is freed
+//!   early. A lease still unreleased a `kv_lease_duration` past
+//!   `kv_lease_max_pin` (never started) or past `kv_lease_max_hold` (when
+//!   set) gets a Cancel. Counted in `backstop_probes` and
+//!   `backstop_cancels`. **Limit:** a started lease that *no* rank ever
+//!   reports (the one Grant lost to every rank), with `kv_lease_max_hold`
+//!   off, is not armed: it waits for [`PrefillScheduler::cancel`] or
 //!   [`PrefillScheduler::rank_restarted`].
 //! - **An aborted request** whose engine frees the blocks: call
 //!   [`PrefillScheduler::cancel`] from the abort path. If the engine never

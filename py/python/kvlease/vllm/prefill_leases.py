@@ -92,7 +92,7 @@ class PrefillLeases:
         return held
 
     def directives(self, now: float) -> bytes:
-        # The backstop first: its Cancels ride this step's message.
+        # The backstop first: its probes ride this step's message.
         self.sched.poll(now)
         return self.sched.encode_directives(now)
 
