@@ -340,8 +340,9 @@ impl Bound {
     /// of its state space (the depth bound is never reached): the network's
     /// faults; the process faults, with a cancel; and the engine's topology
     /// (two D readers per P rank) with two lost directives (a Grant, then the
-    /// backstop's probe), a cancel and the network's faults. Every property, every mutant. Sized for the CI
-    /// step's time (`docs/model-check.md`: state counts and times).
+    /// backstop's probe), a cancel and the network's faults. Every property,
+    /// every mutant. Sized for the CI step's time (`docs/model-check.md`:
+    /// state counts and times).
     pub const CI: [(&'static str, Bound); 3] = [
         (
             "network: loss, duplication, reordering",

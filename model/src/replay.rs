@@ -376,7 +376,9 @@ impl Replay {
         // abstracts it; tests/it/stuck_leases.rs pins it).
         let fired = self.sched.poll(Instant::ZERO);
         if fired != 0 {
-            return Err(format!("the backstop fired {fired} cancels at time zero"));
+            return Err(format!(
+                "the backstop queued {fired} directives at time zero"
+            ));
         }
         for r in 0..RANKS {
             let model = &s.ranks[r];

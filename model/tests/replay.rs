@@ -42,7 +42,7 @@ fn hides_nothing(model: &ProtocolModel, s: &State) {
 /// A walk from the initial state until nothing is enabled or `depth` steps.
 /// With `prefer`, an action of that kind is taken whenever one is enabled,
 /// and no other directive loss spends the budget first (a uniform walk
-/// seldom keeps it until the backstop can lose its Cancel).
+/// seldom keeps it until the backstop can lose its probe).
 fn walk(
     model: &ProtocolModel,
     rng: &mut Rng,
@@ -89,7 +89,7 @@ fn model_traces_replay_on_the_real_roles() {
         let model = ProtocolModel::new(bound, mutant);
         let mut rng = Rng(0x6b76_6c65_6173_6531);
         for w in 0..3000 {
-            // One walk in ten favours the backstop losing its Cancel.
+            // One walk in ten favours the backstop losing its probe.
             let prefer = (w % 10 == 0).then_some("BackstopMissedBy");
             let trace = walk(&model, &mut rng, bound.depth, prefer);
             steps += trace.len();

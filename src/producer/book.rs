@@ -327,9 +327,9 @@ impl LeaseBook {
 
     /// Expires every lease whose expiry is at or before `now` on some rank,
     /// then runs the scheduler's backstop ([`PrefillScheduler::poll`]): a
-    /// lease one rank let go of a `kv_lease_duration` ago while another
-    /// still holds it (its reader never sent a read-done) is cancelled. Call
-    /// once per step. Costs O(levels + expired + re-placed) per rank,
+    /// lease one rank let go of a `kv_lease_duration` ago while another has
+    /// not is probed (its Start again: a duplicate where it is held, "not
+    /// held" where it is not). Call once per step. Costs O(levels + expired + re-placed) per rank,
     /// whatever the number of leases held.
     pub fn poll(&mut self, now: Instant) {
         for r in 0..self.ranks.len() as u32 {

@@ -272,7 +272,7 @@ impl PrefillEngine {
             self.prefilling.push(serial);
         }
         // build_connector_meta -> start_load_kv: the same bytes to every
-        // worker, after the backstop queued its Cancels (if any).
+        // worker, after the backstop queued its probes (if any).
         self.sched.poll(now);
         if self.sched.pending_directives() > 0 {
             let (sched, meta, workers) = (&mut self.sched, &mut self.meta, &mut self.workers);
