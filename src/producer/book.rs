@@ -329,8 +329,9 @@ impl LeaseBook {
     /// then runs the scheduler's backstop ([`PrefillScheduler::poll`]): a
     /// lease one rank let go of a `kv_lease_duration` ago while another has
     /// not is probed (its Start again: a duplicate where it is held, "not
-    /// held" where it is not). Call once per step. Costs O(levels + expired + re-placed) per rank,
-    /// whatever the number of leases held.
+    /// held" where it is not). Call once per step. Costs
+    /// O(levels + expired + re-placed) per rank, whatever the number of
+    /// leases held.
     pub fn poll(&mut self, now: Instant) {
         for r in 0..self.ranks.len() as u32 {
             self.ranks[r as usize].poll(now);

@@ -74,6 +74,23 @@ impl Engine {
         });
     }
 
+    /// D heartbeats `id` on `ranks` every heartbeat interval from `from`
+    /// until `until`, a step after each round; every renewal must land.
+    /// Returns the last heartbeat's instant.
+    fn heartbeat(&mut self, id: &str, ranks: &[usize], from: Instant, until: Instant) -> Instant {
+        let beat = self.config.heartbeat_interval();
+        let mut now = from;
+        while now < until {
+            now = now + beat;
+            for &r in ranks {
+                let renewal = self.ranks[r].renew(id.as_bytes(), now);
+                assert_eq!(renewal, kvlease::Renewal::Renewed, "rank {r} at {now:?}");
+            }
+            self.step(now, &[]);
+        }
+        now
+    }
+
     /// How many slots the pool hands out now (takes them all, gives them back).
     fn free_slots(&self) -> usize {
         let pool: &Arc<SlotPool> = self.sched.slot_pool();
@@ -328,17 +345,12 @@ fn the_backstop_never_frees_a_lease_a_rank_holds() {
     let mut e = Engine::new(2);
     let g = e.sched.grant("busy", T0).unwrap();
     e.step(T0, &[]);
-    let beat = e.config.heartbeat_interval();
     let _ = e.ranks[0].read_done(b"d-0", b"busy", 1, Some(g.nonce));
-    let mut now = T0;
-    e.step(now, &[]);
+    e.step(T0, &[]);
     assert_eq!(e.sched.held(), 1, "rank 1's reader is still busy");
-    while now < T0 + e.config.lease_duration() * 3 {
-        now = now + beat;
-        assert_eq!(e.ranks[1].renew(b"busy", now), kvlease::Renewal::Renewed);
-        e.step(now, &[]);
-        assert_eq!(e.sched.held(), 1, "held at {now:?}");
-    }
+    let now = e.heartbeat("busy", &[1], T0, T0 + e.config.lease_duration() * 3);
+    // A released lease never comes back: held now means held all along.
+    assert_eq!(e.sched.held(), 1, "held at {now:?}");
     let c = e.sched.counters();
     assert!(c.backstop_probes >= 2, "{c:?}");
     assert_eq!(c.backstop_cancels, 0);
@@ -360,15 +372,7 @@ fn a_healthy_lease_is_never_probed() {
     let mut e = Engine::new(2);
     let g = e.sched.grant("ok", T0).unwrap();
     e.step(T0, &[]);
-    let beat = e.config.heartbeat_interval();
-    let mut now = T0;
-    while now < T0 + e.config.lease_duration() * 10 {
-        now = now + beat;
-        for r in &mut e.ranks {
-            assert_eq!(r.renew(b"ok", now), kvlease::Renewal::Renewed);
-        }
-        e.step(now, &[]);
-    }
+    let now = e.heartbeat("ok", &[0, 1], T0, T0 + e.config.lease_duration() * 10);
     for (r, rank) in e.ranks.iter_mut().enumerate() {
         let _ = rank.read_done(format!("d-{r}").as_bytes(), b"ok", 1, Some(g.nonce));
     }
@@ -431,13 +435,7 @@ fn a_started_lease_outlives_the_pinned_rule() {
         None,
         "no max_hold"
     );
-    let beat = e.config.heartbeat_interval();
-    let mut now = started;
-    while now < T0 + e.config.max_pin * 3 {
-        now = now + beat;
-        let _ = e.ranks[0].renew(b"long-prefill", now);
-        e.step(now, &[]);
-    }
+    e.heartbeat("long-prefill", &[0], started, T0 + e.config.max_pin * 3);
     assert_eq!(e.sched.held(), 1);
     let c = e.sched.counters();
     assert_eq!((c.backstop_probes, c.backstop_cancels), (0, 0));

@@ -157,8 +157,9 @@ impl PrefillScheduler {
         }
     }
 
-    /// A rank let go of entry `e` (its report counted, or it was lost) and
-    /// the lease is still live: the next poll arms the straggler rule.
+    /// The first rank let go of entry `e` (its report counted, or it was
+    /// lost) and the lease is still live: the next poll arms the straggler
+    /// rule. Later let-gos need nothing: arming never delays a deadline.
     pub(super) fn note_straggler(&mut self, e: u32) {
         self.straggling.insert(e);
     }

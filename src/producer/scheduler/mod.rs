@@ -134,9 +134,6 @@ struct Lease {
     ops: u8,
     /// The ranks were told about it (a Grant went out).
     announced: bool,
-    /// Some rank let go (its report counted, or it was declared lost):
-    /// the backstop's straggler rule applies.
-    heard: bool,
     /// The backstop's deadline by its pinned or held rule (`Instant::MAX`:
     /// none), restored when a restart takes back the only let-go.
     limit: Instant,
@@ -315,7 +312,6 @@ impl PrefillScheduler {
                     hold_until: Instant::MAX,
                     ops: 0,
                     announced: false,
-                    heard: false,
                     limit: Instant::MAX,
                     reason: None,
                     reports: 0,
@@ -476,7 +472,6 @@ impl PrefillScheduler {
             hold_until: Instant::MAX,
             ops: OP_GRANT,
             announced: false,
-            heard: false,
             limit: now + self.max_pin + self.duration,
             reason: None,
             reports: 0,
@@ -491,7 +486,6 @@ impl PrefillScheduler {
             let lease = &mut self.leases[entry as usize];
             lease.reports = self.lost_count;
             lease.reason = Some(ReleaseReason::NotHeld);
-            lease.heard = true;
             self.note_straggler(entry);
         }
         self.pending.insert(entry);
@@ -526,11 +520,11 @@ impl PrefillScheduler {
         // The pinned rule is over: a started lease lives as long as D
         // heartbeats it, up to kv_lease_max_hold.
         lease.limit = lease.hold_until + self.duration;
-        let (expiry, limit, heard) = (lease.expiry, lease.limit, lease.heard);
+        let (expiry, limit, let_go) = (lease.expiry, lease.limit, lease.reports > 0);
         self.pending.insert(e);
         self.backstop.cancel(e);
         self.arm_backstop(e, limit);
-        if heard {
+        if let_go {
             self.note_straggler(e);
         }
         Ok(expiry)
@@ -622,7 +616,6 @@ impl PrefillScheduler {
             self.counters.lost_rank_releases += 1;
             let lease = &mut self.leases[e as usize];
             lease.reports += 1;
-            lease.heard = true;
             lease.reason = Some(lease.reason.map_or(ReleaseReason::NotHeld, |r| {
                 r.combine(ReleaseReason::NotHeld)
             }));
@@ -630,7 +623,8 @@ impl PrefillScheduler {
                 lease.ops = 0;
                 self.pending.remove(e);
                 self.finish(e);
-            } else {
+            } else if lease.reports == 1 {
+                // The first let-go starts the straggler rule.
                 self.note_straggler(e);
             }
         }
@@ -674,7 +668,6 @@ impl PrefillScheduler {
                     // Nobody let go after all: only the lease's own limit
                     // stays armed.
                     lease.reason = None;
-                    lease.heard = false;
                     let limit = lease.limit;
                     self.disarm_backstop(e);
                     self.arm_backstop(e, limit);

@@ -93,9 +93,11 @@ impl PrefillScheduler {
         } else {
             self.ranks
         };
-        lease.heard = true;
         if lease.reports < all {
-            self.note_straggler(e);
+            if lease.reports == 1 {
+                // The first let-go starts the straggler rule.
+                self.note_straggler(e);
+            }
             return ReportOutcome::Counted;
         }
         // Every rank let go: a pending Start or Cancel is moot.
