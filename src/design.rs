@@ -61,7 +61,9 @@
 //!    it is zeroed before the release is reported, and reused only after the
 //!    engine freed the blocks.
 //! 2. Nonces are never 0 and never repeat within a source's life, and are
-//!    unpredictable across restarts ([`crate::nonce`]).
+//!    unpredictable across restarts; drawn ones are below 2^53, so they
+//!    survive a router that decodes JSON numbers as float64
+//!    ([`crate::nonce`]).
 //! 3. A renewal never shortens a lease; a stale read-done (old nonce, same
 //!    id) changes nothing.
 //! 4. Expiry is never early; it is late by at most one timer tick plus one

@@ -32,7 +32,7 @@ impl LeaseFields {
     }
 
     /// `remote_lease_nonce` as `kv_transfer_params` carries it: the seed's
-    /// int64 (positive for every nonce kvlease draws).
+    /// int64 (positive, and below 2^53, for every nonce kvlease draws).
     pub fn nonce_param(&self) -> i64 {
         self.nonce.as_int64()
     }

@@ -4,6 +4,8 @@ as bytes."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import kvlease
@@ -32,11 +34,37 @@ def step(sched, workers, now, lose=()):
 def test_the_nonce_is_in_every_slot_before_the_params_leave(config, clock):
     sched, workers = engine(config, clock)
     slot, nonce = sched.assign("cmpl-1", clock.now)
-    assert 0 < nonce < 2**63, "int64-safe: a Python D compares it with its int64 cell"
+    assert 0 < nonce < 2**53, "exact as a double (a float64 router), and int64-safe"
     step(sched, workers, clock.now)
     assert all(w.slot_word(slot) == nonce for w in workers)
     assert sched.start("cmpl-1", clock.now) == pytest.approx(clock.now + 30)
     assert sched.status("cmpl-1") == "held"
+
+
+def test_lease_fields_survive_a_float64_router(config, clock):
+    """A router that decodes JSON numbers as float64 (llm-d's Go sidecar,
+    JavaScript proxies) and writes them back: every exported nonce comes
+    back the same integer, and the read-done D sends with it releases the
+    lease. (With nonces drawn up to 2^63, most came back changed.)"""
+    sched, workers = engine(config, clock, ranks=1)
+    w = workers[0]
+    routed_leases = []
+    for i in range(config.lease_capacity):
+        rid = f"cmpl-{i}"
+        slot, nonce = sched.grant(rid, clock.now)
+        params = {"remote_lease_slot": slot, "remote_lease_nonce": nonce}
+        routed = json.loads(json.dumps(params), parse_int=float)
+        assert type(routed["remote_lease_nonce"]) is float
+        back = {k: int(v) for k, v in routed.items()}
+        assert back == params, f"{rid}: {nonce} came back as {back['remote_lease_nonce']}"
+        routed_leases.append((rid, back["remote_lease_slot"], back["remote_lease_nonce"]))
+    step(sched, workers, clock.now)
+    for rid, slot, nonce in routed_leases:
+        assert w.slot_word(slot) == nonce
+        done = kvlease.encode_read_done(rid, 1, nonce, True)
+        assert w.on_notification("decode-0", done, clock.now)[2] == "share_released"
+    released = step(sched, workers, clock.now)
+    assert {r[0] for r in released if r[2] == "read_done"} == {r[0] for r in routed_leases}
 
 
 def test_read_dones_from_each_reader_release_and_the_slot_comes_back(config, clock):

@@ -81,8 +81,9 @@
 //! accepts either case. The digits are the nonce's 64 bits, unsigned: the
 //! seed's int64 `remote_lease_nonce` -5 is `fffffffffffffffb` (its
 //! two's-complement bits, which is what a foreign P's int64 slot cell
-//! holds); nonces kvlease draws are below 2^63, so their first digit is at
-//! most 7 (see [`crate::nonce`], "Signedness on the wire"). Nonce 0 is [`WireError::ZeroNonce`]: no lease ever
+//! holds); nonces kvlease draws are below 2^53, so their first two digits
+//! are `00` and the third at most `1` (see [`crate::nonce`], "Signedness on
+//! the wire"). Nonce 0 is [`WireError::ZeroNonce`]: no lease ever
 //! has it. The form cannot be confused with form 2, whose last field is all
 //! digits: the decoder looks at the field after the last `:` and takes the
 //! nonce form exactly when that field begins with `nonce=`.
