@@ -1,0 +1,256 @@
+"""Real ``vllm serve`` processes for the real-engine cases: start one, wait
+until it answers, read its ``/metrics``, send it signals, stop it.
+
+Owns: the command line and environment of one instance (P, D or a plain
+reference), its process group, its log file and its ports. May not decide
+what a case does with an instance: the cases (``test_real_engine.py``) do.
+
+Why a process group per instance: ``vllm serve`` is an API server process
+that starts EngineCore, which starts one worker per TP rank (the multiproc
+executor). Killing "D" must kill all of them at once, as a crashed host
+would; ``os.killpg`` does, and stopping by group leaves nothing behind.
+
+Every timing here is generous: on a 2-core machine an instance takes 30-50 s
+to start, and each idle NIXL worker burns about half a core (its UCX
+progress thread polls with timeout 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Flags every instance gets (docs/vllm.md, "A real vllm serve on CPU").
+COMMON_FLAGS = [
+    "--dtype", "float32",
+    "--enforce-eager",
+    "--max-model-len", "512",
+    "--block-size", "32",
+    "--max-num-seqs", "4",
+    "--no-enable-prefix-caching",
+]
+
+#: How long an instance may take to answer /health after it starts.
+START_TIMEOUT_S = 240.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class InstanceSpec:
+    """What one ``vllm serve`` runs as."""
+
+    name: str
+    #: "plain" (no KV transfer), "stock" (vLLM's NixlConnector) or "kvlease".
+    connector: str = "plain"
+    #: kv_connector_extra_config (kv_lease_duration, ...).
+    extra: dict[str, Any] = field(default_factory=dict)
+    tp: int = 1
+    #: --num-gpu-blocks-override: a small P cache makes freed blocks reused at once.
+    num_blocks: int | None = None
+    max_num_seqs: int = 4
+    kv_load_failure_policy: str = "recompute"
+    env: dict[str, str] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)
+
+    def kv_transfer_config(self) -> dict[str, Any] | None:
+        if self.connector == "plain":
+            return None
+        cfg: dict[str, Any] = {
+            "kv_role": "kv_both",
+            "kv_buffer_device": "cpu",
+            "kv_load_failure_policy": self.kv_load_failure_policy,
+            "kv_connector_extra_config": dict(self.extra),
+        }
+        if self.connector == "stock":
+            cfg["kv_connector"] = "NixlConnector"
+        elif self.connector == "kvlease":
+            cfg["kv_connector"] = "KvLeaseNixlConnector"
+            cfg["kv_connector_module_path"] = "kvlease.vllm"
+        else:
+            raise ValueError(f"unknown connector {self.connector!r}")
+        return cfg
+
+
+class Instance:
+    """One running ``vllm serve`` (see the module docs)."""
+
+    def __init__(self, spec: InstanceSpec, model: str, logs: Path) -> None:
+        self.spec = spec
+        self.model = model
+        self.port = free_port()
+        self.side_channel_port = free_port()
+        self.log_path = logs / f"{spec.name}-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.ready_after_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        python = os.environ.get("ENGINE_PYTHON", "python")
+        spec = self.spec
+        cmd = [
+            python, "-m", "vllm.entrypoints.cli.main", "serve", self.model,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--served-model-name", "tiny",
+            *COMMON_FLAGS,
+        ]
+        cmd[cmd.index("--max-num-seqs") + 1] = str(spec.max_num_seqs)
+        if spec.tp > 1:
+            cmd += ["--tensor-parallel-size", str(spec.tp)]
+        if spec.num_blocks is not None:
+            cmd += ["--num-gpu-blocks-override", str(spec.num_blocks)]
+        ktc = spec.kv_transfer_config()
+        if ktc is not None:
+            cmd += ["--kv-transfer-config", json.dumps(ktc)]
+        return cmd + list(spec.args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            VLLM_CPU_KVCACHE_SPACE="1",
+            VLLM_CPU_OMP_THREADS_BIND="nobind",
+            OMP_NUM_THREADS="1",
+            VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
+            VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.side_channel_port),
+            VLLM_LOGGING_LEVEL=env.get("ENGINE_LOG_LEVEL", "INFO"),
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.spec.env)
+        return env
+
+    def start(self) -> "Instance":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.environment(),
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> "Instance":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.spec.name} exited with {self.proc.returncode} while starting:\n"
+                    + self.log_tail()
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        self.ready_after_s = time.monotonic() - self.started_at
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.spec.name} did not answer /health in {timeout:.0f} s:\n"
+                           + self.log_tail())
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signals the whole instance (API server, EngineCore, workers)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, grace: float = 20.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.kill(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        # Whatever of the group is left (workers outlive a killed leader).
+        self.kill(signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    # -- what it says --------------------------------------------------------
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def count_in_log(self, pattern: str) -> int:
+        return len(re.findall(pattern, self.log_text()))
+
+    def metrics(self) -> dict[str, float]:
+        """``/metrics`` as ``{"name{labels}": value}``, summed over nothing."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            key, _, value = line.rpartition(" ")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                continue
+        return out
+
+    def metric(self, name: str) -> float:
+        """The sum of every sample of ``name`` (any labels)."""
+        total, seen = 0.0, False
+        for key, value in self.metrics().items():
+            if key == name or key.startswith(name + "{"):
+                total += value
+                seen = True
+        if not seen:
+            raise KeyError(f"{self.spec.name} exports no metric {name}")
+        return total
+
+    def kv_usage(self) -> float:
+        """KV-cache usage, 0..1 (vLLM's ``vllm:kv_cache_usage_perc``)."""
+        return self.metric("vllm:kv_cache_usage_perc")
+
+
+def start_all(specs: list[InstanceSpec], model: str, logs: Path) -> list[Instance]:
+    """Starts every instance at once (they start in parallel), then waits for
+    each; stops them all if one fails."""
+    insts = [Instance(s, model, logs).start() for s in specs]
+    try:
+        for inst in insts:
+            inst.wait_ready()
+    except BaseException:
+        for inst in insts:
+            inst.stop(grace=5)
+        raise
+    return insts

@@ -1,0 +1,142 @@
+"""Prompts and the client of the real-engine cases.
+
+Owns: the prompts (token-id lists cut from local text, so P, D and the
+reference see identical tokens and no tokenizer round trip can differ), and
+the HTTP client that sends one completion and reports what came back. May not
+start or stop anything.
+
+Why token ids: the completions API takes a list of ids as the prompt, and
+the tiny model's tokenizer is made locally; sending ids keeps "the same
+prompt" exact across P, D and the plain reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+#: Standard-library modules whose text the prompts are cut from. None of
+#: them is in the model's training corpus (make_model.CORPUS_DIRS), so the
+#: prompts are new text to the model.
+PROMPT_SOURCES = ("argparse.py", "textwrap.py", "pathlib.py", "shutil.py", "tarfile.py",
+                  "datetime.py", "calendar.py", "configparser.py", "difflib.py", "pprint.py")
+
+#: Greedy tokens generated per request: long enough that another request's KV
+#: shows in the text, short enough for a 2-core machine.
+MAX_TOKENS = 24
+
+
+def make_prompts(model_dir: str, n: int, seed: int, min_len: int = 96,
+                 max_len: int = 200) -> list[list[int]]:
+    """``n`` prompts of ``min_len..max_len`` token ids, deterministic for a
+    seed, cut at random places of :data:`PROMPT_SOURCES`."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    ids: list[int] = []
+    for name in PROMPT_SOURCES:
+        ids.extend(tok.encode((lib / name).read_text(encoding="utf-8", errors="replace")).ids)
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        length = rng.randint(min_len, max_len)
+        start = rng.randrange(0, len(ids) - length)
+        out.append(ids[start : start + length])
+    return out
+
+
+@dataclass
+class Answer:
+    """What one request got back."""
+
+    status: int
+    text: str | None
+    latency_s: float
+    #: Time to the first streamed token (streaming requests only).
+    ttft_s: float | None = None
+    error: str | None = None
+    held_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.text is not None
+
+
+async def complete(session: aiohttp.ClientSession, base_url: str, prompt: list[int], *,
+                   max_tokens: int = MAX_TOKENS, request_id: str | None = None,
+                   hold_s: float = 0.0, hold_key: str | None = None,
+                   timeout_s: float = 180.0, stream: bool = False) -> Answer:
+    """One greedy completion of ``prompt`` at ``base_url`` (an instance or a
+    router). ``hold_s`` asks the float64 router to hold the request between
+    P and D for that long, ``hold_key`` until the key is released. Never raises for an HTTP or connection failure: it is reported
+    in the answer."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": 0.0, "ignore_eos": True, "stream": stream}
+    headers = {}
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    if hold_s:
+        headers["X-Router-Hold-S"] = f"{hold_s:.3f}"
+    if hold_key:
+        headers["X-Router-Hold-Key"] = hold_key
+    t0 = time.monotonic()
+    try:
+        async with session.post(base_url + "/v1/completions", json=body, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            if not stream or r.status != 200:
+                raw = await r.text()
+                latency = time.monotonic() - t0
+                if r.status != 200:
+                    return Answer(r.status, None, latency, error=raw[:300], held_s=hold_s)
+                text = json.loads(raw)["choices"][0]["text"]
+                return Answer(200, text, latency, held_s=hold_s)
+            ttft = None
+            parts: list[str] = []
+            async for line in r.content:
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                piece = chunk["choices"][0].get("text") or ""
+                if ttft is None and piece:
+                    ttft = time.monotonic() - t0
+                parts.append(piece)
+            return Answer(200, "".join(parts), time.monotonic() - t0, ttft_s=ttft,
+                          held_s=hold_s)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        return Answer(0, None, time.monotonic() - t0, error=f"{type(e).__name__}: {e}",
+                      held_s=hold_s)
+
+
+async def complete_all(base_url: str, prompts: list[list[int]], *, concurrency: int = 4,
+                       holds: list[float] | None = None, stream: bool = False,
+                       max_tokens: int = MAX_TOKENS, prefix: str = "req") -> list[Answer]:
+    """Sends every prompt with at most ``concurrency`` in flight; answers in
+    prompt order."""
+    sem = asyncio.Semaphore(concurrency)
+    holds = holds or [0.0] * len(prompts)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def one(i: int) -> Answer:
+            async with sem:
+                return await complete(session, base_url, prompts[i], hold_s=holds[i],
+                                      stream=stream, max_tokens=max_tokens,
+                                      request_id=f"{prefix}-{i}-{random.getrandbits(32):08x}")
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+
+
+def run(coro):
+    """Runs a coroutine from synchronous test code."""
+    return asyncio.run(coro)
