@@ -1,26 +1,29 @@
 //! [`HeartbeatBatch`]: one P engine and the requests to renew on it, as the
 //! heartbeat sender reads it, whichever side of a process boundary it came
-//! from.
+//! from; why it is in a step's batch ([`BatchReason`]), and one request as a
+//! heartbeat needs it ([`TrackedRemote`]).
 //!
-//! This module owns only the shape of that view and [`BatchReason`]. Two
-//! types implement it: the tracker's [`EngineBatch`] (borrowed from the
-//! [`HeartbeatTracker`] in the same process) and the heartbeat plan's
-//! [`PlanEngine`] (borrowed from the bytes the D scheduler sent to a worker
-//! in another process). The sender's per-engine logic
-//! ([`HeartbeatSender::send_due`]) and the plan encoder
-//! ([`crate::ipc::plan::encode`]) are written once, against this trait, so
-//! the single-process path and the scheduler/worker split cannot drift apart.
+//! This module owns only the shape of that view. Two types implement it:
+//! the tracker's [`EngineBatch`] (borrowed from the [`HeartbeatTracker`] in
+//! the same process) and the heartbeat plan's [`PlanEngine`] (borrowed from
+//! the bytes the D scheduler sent to a worker in another process). The
+//! sender's per-engine logic ([`HeartbeatSender::send_due`]) and the plan
+//! encoder ([`crate::ipc::plan::encode`]) are written once, against this
+//! trait, so the single-process path and the scheduler/worker split cannot
+//! drift apart. It sits below the D roles and the plan codec, so both import
+//! it downward; it imports nothing of theirs.
 //!
 //! The trait is sealed: the sender relies on what both implementations
 //! guarantee (a live engine has at least one request, every P-side id is
 //! non-empty and free of `,`, `all_leased` agrees with the members).
 //!
-//! [`EngineBatch`]: super::EngineBatch
-//! [`HeartbeatTracker`]: super::HeartbeatTracker
+//! [`EngineBatch`]: crate::consumer::EngineBatch
+//! [`HeartbeatTracker`]: crate::consumer::HeartbeatTracker
 //! [`PlanEngine`]: crate::ipc::plan::PlanEngine
-//! [`HeartbeatSender::send_due`]: super::HeartbeatSender::send_due
+//! [`HeartbeatSender::send_due`]: crate::consumer::HeartbeatSender::send_due
 
-use super::tracker::{EngineHandle, EngineKey, TrackedRemote};
+use crate::lease_fields::LeaseFields;
+use crate::remote_engine::{EngineHandle, EngineKey};
 use crate::wire::CompactEntry;
 
 /// Why an engine is handed to the sender this step.
@@ -35,13 +38,22 @@ pub enum BatchReason {
     Owed,
 }
 
+/// One tracked request as a heartbeat needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrackedRemote<'t> {
+    /// The id P knows the request by.
+    pub remote_request_id: &'t str,
+    /// Its lease slot and nonce, when P exported them.
+    pub lease: Option<LeaseFields>,
+}
+
 pub(crate) mod sealed {
     /// Only the tracker's and the plan's views implement the batch trait.
     pub trait Sealed {}
 }
 
 /// One P engine and its tracked requests, as the heartbeat sender needs
-/// them. See the module docs; implemented by [`super::EngineBatch`] and
+/// them. See the module docs; implemented by [`crate::consumer::EngineBatch`] and
 /// [`crate::ipc::plan::PlanEngine`] only.
 pub trait HeartbeatBatch: sealed::Sealed {
     /// The engine's handle in the tracker that planned it.

@@ -144,6 +144,12 @@ pub mod ipc;
 pub mod topology;
 pub mod wire;
 
+// ---- what the roles and their messages share: below both, so each imports it downward --
+mod heartbeat_batch;
+mod release_reason;
+mod remote_engine;
+mod verdict;
+
 // ---- the lease words and their values ------------------------------------------------
 pub mod lease_fields;
 pub mod nonce;

@@ -8,9 +8,10 @@
 
 use std::fmt::Write;
 
-use crate::args::{Settings, SimArgs};
+use crate::args::SimArgs;
 use crate::report::{checks, plot, sweep, table, Report};
 use crate::runner::{jobs, run_all};
+use crate::settings::Settings;
 
 /// What an invocation produced.
 #[derive(Debug)]

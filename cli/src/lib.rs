@@ -5,7 +5,8 @@
 //! - [`trace`]: request traces (`--trace`): reading, windows, faults laid
 //!   over them, the fleet sized for them;
 //! - [`report`]: the terminal table, JSON, the SVG plot, the sweep table;
-//! - [`args`]: the command line and the settings it yields;
+//! - [`args`]: the command line: flags and their help;
+//! - [`settings`]: what the flags yield, checked together;
 //! - [`runner`]: running many (scenario, policy) pairs with a progress bar;
 //! - [`app`]: one invocation, from flags to output.
 
@@ -13,5 +14,6 @@ pub mod app;
 pub mod args;
 pub mod report;
 pub mod runner;
+pub mod settings;
 pub mod sim;
 pub mod trace;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvlease::LeaseConfig;
 
-use crate::args::Settings;
+use crate::settings::Settings;
 use crate::sim::policy::Policy;
 use crate::sim::scenario::Scenario;
 use crate::sim::{run, RunOutput, RunSpec, SimError};

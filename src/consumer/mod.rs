@@ -96,21 +96,20 @@
 //! (`tests/consumer_alloc.rs` and `tests/d_roles_alloc.rs` prove it with a
 //! counting allocator).
 
-pub(crate) mod batch;
 mod id_arena;
 mod sender;
 mod tracker;
 mod verifier;
 
-pub use batch::{BatchReason, HeartbeatBatch};
+pub use crate::heartbeat_batch::{BatchReason, HeartbeatBatch, TrackedRemote};
 pub use sender::{
     DefaultPeerAddress, HeartbeatSender, OwedEngines, PeerAddress, PeerStatus, PortPerRankAddress,
     SenderConfig, SenderCounters, SenderError, StepError, StepReport, MAX_MESSAGE_LEN,
 };
 pub use tracker::{
     ApplyReport, EngineBatch, EngineHandle, EngineKey, HeartbeatTracker, ParamProblem,
-    RemotePrefillParams, TrackError, TrackOutcome, TrackedRemote, TrackerCounters, TrackerError,
-    INLINE_ID_LEN, MAX_HOST_LEN,
+    RemotePrefillParams, TrackError, TrackOutcome, TrackerCounters, TrackerError, INLINE_ID_LEN,
+    MAX_HOST_LEN,
 };
 pub use verifier::{
     LeaseVerifier, Verdict, VerifierConfig, VerifierCounters, VerifyError, VerifyTarget,

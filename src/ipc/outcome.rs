@@ -47,8 +47,9 @@ use core::fmt;
 use bytemuck::{Pod, Zeroable};
 
 use super::{FrameReader, FrameWriter, IpcError, MsgKind};
-use crate::consumer::{EngineHandle, Verdict};
 use crate::fabric::FabricError;
+use crate::remote_engine::EngineHandle;
+use crate::verdict::Verdict;
 
 /// One request's verdict from one worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

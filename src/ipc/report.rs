@@ -23,7 +23,7 @@ use bytemuck::{Pod, Zeroable};
 
 use super::{FrameReader, FrameWriter, IpcError, MsgKind};
 use crate::nonce::Nonce;
-use crate::producer::ReleaseReason;
+use crate::release_reason::ReleaseReason;
 
 /// One rank's release of one lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -72,11 +72,12 @@ mod outcomes;
 mod rank;
 mod scheduler;
 
+pub use crate::release_reason::ReleaseReason;
 pub use book::{BookError, LeaseBook};
 pub use counters::{BookCounters, RankCounters, SchedulerCounters};
 pub use inbox::InboxSummary;
 pub use layout::EntryLayout;
-pub use outcomes::{ReadDoneOutcome, ReleaseReason, Renewal, ShareOutcome};
+pub use outcomes::{ReadDoneOutcome, Renewal, ShareOutcome};
 pub use rank::{DirectiveOutcome, DirectiveSummary, PrefillRank, RankError};
 pub use scheduler::{
     Assignment, Grant, GrantError, LeaseStatus, PrefillScheduler, Released, ReportOutcome,

@@ -1,44 +1,10 @@
-//! The small result types every P-side role shares: why a lease ended, what
-//! a renewal did, what a read-done did.
+//! The small result types the P-side roles hand to the engine: what a
+//! renewal did, what a read-done did.
 //!
-//! This module owns only these enums. They cross between the rank and the
-//! scheduler (a rank's [`ReleaseReason`] is in its report) and out to the
-//! engine.
-
-/// Why a lease (or one rank's share of it) ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ReleaseReason {
-    /// Every expected reader reported the READ done.
-    ReadDone,
-    /// No heartbeat kept it alive (or, not started, its prefill outlasted
-    /// `kv_lease_max_pin`).
-    Expired,
-    /// The engine cancelled it.
-    Cancelled,
-    /// A rank never held it: it missed or refused the Grant (a lost
-    /// directive message, a shorter id limit), or its process was lost. Its
-    /// slot stayed 0 there, so no reader could verify on that rank: the
-    /// lease failed closed, and the rank's report lets its blocks go.
-    NotHeld,
-}
-
-impl ReleaseReason {
-    /// The reason for the whole lease when one rank ended its share for
-    /// `self` and another for `other`: a cancel wins (the engine asked),
-    /// then a rank that never held it (the lease was broken from the start
-    /// there), then an expiry (some rank's readers may not have finished),
-    /// and only when every rank saw its readers done is the lease released
-    /// by read.
-    pub fn combine(self, other: ReleaseReason) -> ReleaseReason {
-        use ReleaseReason::*;
-        match (self, other) {
-            (Cancelled, _) | (_, Cancelled) => Cancelled,
-            (NotHeld, _) | (_, NotHeld) => NotHeld,
-            (Expired, _) | (_, Expired) => Expired,
-            (ReadDone, ReadDone) => ReadDone,
-        }
-    }
-}
+//! This module owns only these enums. Why a lease ended, which also crosses
+//! between the rank and the scheduler in a report, is
+//! [`ReleaseReason`](crate::ReleaseReason), below the roles and the role
+//! messages (`src/release_reason.rs`).
 
 /// Result of a renewal.
 #[must_use = "a renewal that found no lease (Unknown) or hit the max-hold ceiling (Capped) is worth logging"]
@@ -104,24 +70,5 @@ impl ReadDoneOutcome {
             ShareOutcome::StaleNonce => ReadDoneOutcome::StaleNonce,
             ShareOutcome::DuplicateSender => ReadDoneOutcome::DuplicateSender,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ReleaseReason::*;
-
-    #[test]
-    fn combine_is_symmetric_with_cancel_then_expiry_winning() {
-        for a in [ReadDone, Expired, Cancelled, NotHeld] {
-            for b in [ReadDone, Expired, Cancelled, NotHeld] {
-                assert_eq!(a.combine(b), b.combine(a));
-            }
-        }
-        assert_eq!(ReadDone.combine(ReadDone), ReadDone);
-        assert_eq!(ReadDone.combine(Expired), Expired);
-        assert_eq!(Expired.combine(NotHeld), NotHeld);
-        assert_eq!(NotHeld.combine(Cancelled), Cancelled);
-        assert_eq!(Expired.combine(Cancelled), Cancelled);
     }
 }

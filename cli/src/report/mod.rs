@@ -5,10 +5,12 @@
 //! [`RunReport`] per policy) and building it from the runs. Its
 //! submodules render it: [`table`] for the terminal, [`plot`] the SVG,
 //! [`sweep`] the trade-off table, [`checks`] the claims the run's numbers
-//! support (or not), [`trace`] a replay's own figures. `--json` is
+//! support (or not), [`trace`] a replay's own figures; [`columns`] is the
+//! alignment their tables share. `--json` is
 //! `serde_json` on [`Report`].
 
 pub mod checks;
+pub mod columns;
 pub mod plot;
 pub mod sweep;
 pub mod table;
@@ -16,8 +18,8 @@ pub mod trace;
 
 use serde::Serialize;
 
-use crate::args::Settings;
 use crate::runner::Job;
+use crate::settings::Settings;
 use crate::sim::metrics::RunReport;
 use crate::sim::policy::Policy;
 use crate::sim::scenario::Scenario;

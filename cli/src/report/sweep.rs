@@ -106,7 +106,7 @@ pub fn render(report: &Report) -> String {
         }
         rows.push(row);
     }
-    super::table::write_aligned(&mut out, &headers, &rows);
+    super::columns::write_aligned(&mut out, &headers, &rows);
     let _ = writeln!(
         out,
         "(goodput: mean over the scenarios, requests per second)"

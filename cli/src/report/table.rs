@@ -6,6 +6,7 @@
 
 use std::fmt::Write;
 
+use super::columns::write_aligned;
 use super::{Report, ScenarioReport};
 
 /// Column headers and what they mean (printed under the tables).
@@ -99,34 +100,6 @@ pub fn scenario_table(r: &ScenarioReport) -> String {
         .collect();
     write_aligned(&mut out, &headers, &rows);
     out
-}
-
-/// Writes `headers` and `rows` as aligned columns: the first left-aligned,
-/// the others right-aligned, two spaces apart, no trailing blanks. Shared by
-/// the per-scenario tables and the sweep table so both line up alike.
-pub(crate) fn write_aligned(out: &mut String, headers: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let line = |cells: &[String]| -> String {
-        let mut s = String::new();
-        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
-            if i == 0 {
-                let _ = write!(s, "{c:<w$}");
-            } else {
-                let _ = write!(s, "  {c:>w$}");
-            }
-        }
-        s.trim_end().to_string()
-    };
-    let head: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
-    let _ = writeln!(out, "{}", line(&head));
-    for row in rows {
-        let _ = writeln!(out, "{}", line(row));
-    }
 }
 
 /// The whole report as text.

@@ -12,7 +12,7 @@
 
 use std::fmt::Write;
 
-use super::table::write_aligned;
+use super::columns::write_aligned;
 use super::Report;
 use crate::trace::TraceInfo;
 

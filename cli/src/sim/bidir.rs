@@ -60,22 +60,15 @@ use super::error::SimError;
 use super::metrics::Metrics;
 use super::policy::Policy;
 use super::rng::SimRng;
-use super::world::{RunOutput, RunSpec};
+use super::scenario::{D_AHEAD, D_DRIFT_PPM, SLOW_READ, SLOW_READ_PERCENT};
+use super::spec::{RunOutput, RunSpec};
 
-/// D's clock is this far ahead of P's.
-pub const D_AHEAD: Duration = Duration::from_secs(2 * 3600);
-/// D's clock runs this fast against P's (the estimate allows 100 ppm).
-pub const D_DRIFT_PPM: u64 = 80;
 /// Conversations per second.
 const RATE: f64 = 2.0;
 /// Engine step of both sides.
 const STEP: Duration = Duration::from_millis(100);
-/// READ latency of the link, and the extra of a slow READ.
+/// READ latency of the link (a slow READ adds [`SLOW_READ`]).
 const READ_LATENCY: Duration = Duration::from_millis(200);
-/// The extra latency of a slow READ.
-pub const SLOW_READ: Duration = Duration::from_secs(8);
-/// Percent of READs that are slow.
-pub const SLOW_READ_PERCENT: u32 = 25;
 /// Words per block set (one conversation's cached KV).
 const SET_WORDS: usize = 8;
 /// Clock re-sample interval.

@@ -17,6 +17,7 @@
 //! - [`scenario`], [`policy`]: what happens, and what is compared;
 //! - [`prefill`], [`decode`], [`decode_worker`]: the engines;
 //! - [`router`], [`world`]: arrivals, routing, the event loop;
+//! - [`spec`]: what decides a run and what it gives back;
 //! - [`replay`]: a trace's arrivals and faults as a run's input;
 //! - [`bidir`]: the `bidirectional-skew` scenario's own small world;
 //! - [`ledger`], [`metrics`]: what is measured, and how;
@@ -37,7 +38,9 @@ pub mod replay;
 pub mod rng;
 pub mod router;
 pub mod scenario;
+pub mod spec;
 pub mod world;
 
 pub use error::SimError;
-pub use world::{run, RunOutput, RunSpec};
+pub use spec::{RunOutput, RunSpec};
+pub use world::run;

@@ -14,6 +14,17 @@ use serde::Serialize;
 
 use super::model::Fleet;
 
+// The `bidirectional-skew` scenario's conditions ([`super::bidir`] runs it).
+
+/// D's clock is this far ahead of P's.
+pub const D_AHEAD: Duration = Duration::from_secs(2 * 3600);
+/// D's clock runs this fast against P's (the estimate allows 100 ppm).
+pub const D_DRIFT_PPM: u64 = 80;
+/// The extra latency of a slow READ.
+pub const SLOW_READ: Duration = Duration::from_secs(8);
+/// Percent of READs that are slow.
+pub const SLOW_READ_PERCENT: u32 = 25;
+
 /// A scenario from the lease spec. `bidirectional-skew` (turn-2 reads from
 /// D's cache across skewed clocks) is run by [`super::bidir`] in a small
 /// world of its own; [`Scenario::ALL`], the default run, has every one.
@@ -169,10 +180,10 @@ impl Scenario {
                 plan.description = format!(
                     "turn 2 pulled from D's cache; D's clock {} h ahead and {} ppm fast; \
                      {} % of READs take +{} s",
-                    super::bidir::D_AHEAD.as_secs() / 3600,
-                    super::bidir::D_DRIFT_PPM,
-                    super::bidir::SLOW_READ_PERCENT,
-                    super::bidir::SLOW_READ.as_secs()
+                    D_AHEAD.as_secs() / 3600,
+                    D_DRIFT_PPM,
+                    SLOW_READ_PERCENT,
+                    SLOW_READ.as_secs()
                 );
             }
             Scenario::RankDivergence => {

@@ -5,7 +5,7 @@
 //! to D through the router, applies the scenario's faults through the
 //! network's controls, samples the blocks P holds once a second, and closes
 //! the books at the end. Events are processed in (time, sequence) order, so
-//! a run is a pure function of its [`RunSpec`].
+//! a run is a pure function of its [`RunSpec`] (`spec.rs`).
 //!
 //! Arrivals come from the workload (Poisson, with the scenario's surge) or,
 //! for `--trace`, from a replay ([`super::replay`]); a replay ends once its
@@ -17,86 +17,24 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use kvlease::fabric::loopback::{
     LoopbackConfig, LoopbackNetwork, Nodes, NotificationFaults, ReadFaults, UnreachableSends,
 };
-use kvlease::{Instant, LeaseConfig};
+use kvlease::Instant;
 
 use super::decode::DecodeEngine;
 use super::error::SimError;
 use super::ledger::{DState, Ledger, Req};
 use super::metrics::Metrics;
-use super::model::{EngineModel, Fleet, Workload};
-use super::policy::Policy;
+use super::model::{EngineModel, Fleet};
 use super::prefill::PrefillEngine;
-use super::replay::{Replay, TraceRun};
+use super::replay::Replay;
 use super::rng::SimRng;
 use super::router::{least_loaded, Arrivals};
-use super::scenario::{Fault, Scenario, ScenarioPlan};
-
-/// Everything that decides a run.
-#[derive(Clone, Debug)]
-pub struct RunSpec {
-    /// The scenario.
-    pub scenario: Scenario,
-    /// The policy.
-    pub policy: Policy,
-    /// The operator's lease settings (before the scenario and policy).
-    pub config: LeaseConfig,
-    /// The engines.
-    pub fleet: Fleet,
-    /// Engine sizes and timings.
-    pub model: EngineModel,
-    /// The request mix and rate.
-    pub workload: Workload,
-    /// The seed.
-    pub seed: u64,
-    /// Run this long instead of the scenario's duration.
-    pub duration: Option<Duration>,
-    /// A trace replay instead of the workload's arrivals (the scenario is
-    /// then [`Scenario::Trace`], its timeline the replay's).
-    pub trace: Option<Arc<TraceRun>>,
-}
-
-impl RunSpec {
-    /// The run's timeline: the replay's faults, or the scenario's.
-    pub fn plan(&self) -> ScenarioPlan {
-        match &self.trace {
-            Some(t) => t.plan.clone(),
-            None => self.scenario.plan(&self.fleet),
-        }
-    }
-
-    /// The largest prompt a run can see, in tokens.
-    pub fn largest_prompt(&self) -> u32 {
-        match &self.trace {
-            Some(t) => t.largest_prompt(),
-            None => self.workload.prompt_tokens + self.workload.prompt_tokens / 2,
-        }
-    }
-
-    /// The lease settings the run's engines get: the operator's, the
-    /// scenario's pins, then the policy.
-    pub fn effective_config(&self, plan: &ScenarioPlan) -> LeaseConfig {
-        let mut c = self.config.clone();
-        if let Some(slots) = plan.lease_slots {
-            c.lease_slots = slots;
-        }
-        self.policy.realise(&c).config
-    }
-}
-
-/// What a run produced.
-#[derive(Clone, Debug)]
-pub struct RunOutput {
-    /// The counters.
-    pub metrics: Metrics,
-    /// Virtual seconds simulated.
-    pub seconds: f64,
-}
+use super::scenario::{Fault, Scenario};
+use super::spec::{RunOutput, RunSpec};
 
 /// Where a run's requests come from.
 enum Source<'a> {

@@ -121,12 +121,13 @@
 use core::fmt;
 use core::time::Duration;
 
-use super::batch::{BatchReason, HeartbeatBatch};
-use super::tracker::{EngineHandle, EngineKey, HeartbeatTracker};
+use super::tracker::HeartbeatTracker;
 use crate::collections::DenseSet;
 use crate::config::LeaseConfig;
 use crate::fabric::{AgentId, Fabric, FabricError, HandshakeState};
+use crate::heartbeat_batch::{BatchReason, HeartbeatBatch};
 use crate::ipc::plan::HeartbeatPlan;
+use crate::remote_engine::{EngineHandle, EngineKey};
 use crate::time::Instant;
 use crate::topology::{RemoteRanks, TopologyError, TpMapping};
 use crate::wire::{self, WireError};

@@ -99,19 +99,20 @@
 use core::fmt;
 use core::time::Duration;
 
-use super::batch::{sealed, BatchReason, HeartbeatBatch};
 use super::id_arena::IdArena;
 use crate::collections::{DenseSet, FreeStack};
 use crate::config::LeaseConfig;
+use crate::heartbeat_batch::{sealed, BatchReason, HeartbeatBatch, TrackedRemote};
 use crate::ids::IdTable;
 use crate::lease_fields::LeaseFields;
 use crate::nonce::Nonce;
+use crate::remote_engine::{decode_key, encode_key, encoded_key_capacity};
+pub use crate::remote_engine::{EngineHandle, EngineKey, MAX_HOST_LEN};
 use crate::time::Instant;
 use crate::wire::{self, CompactEntry};
 
 mod counters;
 mod engine_batch;
-mod key;
 mod outcomes;
 mod params;
 mod plan;
@@ -121,14 +122,9 @@ mod tracking;
 
 pub use counters::TrackerCounters;
 pub use engine_batch::EngineBatch;
-use key::{decode_key, encode_key, encoded_key_capacity};
-pub use key::{EngineHandle, EngineKey, TrackedRemote};
 pub use outcomes::ApplyReport;
 use params::{bad, check_str};
 pub use params::{ParamProblem, RemotePrefillParams, TrackError, TrackOutcome};
-
-/// Longest `remote_host` accepted, in bytes (a DNS name is at most 253).
-pub const MAX_HOST_LEN: usize = 255;
 
 /// P-side ids up to this many bytes are stored inline at their member
 /// position (one cache line); longer ones in the overflow arena.

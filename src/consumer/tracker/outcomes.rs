@@ -14,9 +14,9 @@
 //! only once every worker reported it).
 
 use super::HeartbeatTracker;
-use crate::consumer::Verdict;
 use crate::ipc::outcome::OutcomeMsg;
 use crate::ipc::IpcError;
+use crate::verdict::Verdict;
 
 /// Most D workers one tracker aggregates (one bit each).
 pub const MAX_WORKERS: u32 = u64::BITS;

@@ -30,7 +30,7 @@
 //! debt instead of reporting it forever.
 
 use super::{EngineBatch, EngineHandle, HeartbeatTracker};
-use crate::consumer::batch::BatchReason;
+use crate::heartbeat_batch::BatchReason;
 use crate::ipc::{plan as msg, IpcError};
 use crate::time::Instant;
 

@@ -7,22 +7,6 @@ fn config(requests: u32, engines: u32) -> LeaseConfig {
 }
 
 #[test]
-fn key_round_trips() {
-    let mut buf = [0u8; 64];
-    let n = encode_key(&mut buf, "eng", "10.0.0.1", 5600, 4);
-    let k = decode_key(&buf[..n]);
-    assert_eq!(
-        k,
-        EngineKey {
-            engine_id: "eng",
-            host: "10.0.0.1",
-            port: 5600,
-            tp_size: 4
-        }
-    );
-}
-
-#[test]
 fn chunks_stay_packed_under_churn() {
     let cfg = config(100, 3);
     let mut t = HeartbeatTracker::new(&cfg, 1).expect("tracker");

@@ -100,7 +100,6 @@
 //! All arrays are allocated in [`LeaseVerifier::new`]; submit and step
 //! allocate nothing (the fabric's own READ path may; see its docs).
 
-use core::fmt;
 use std::sync::Arc;
 
 use crate::collections::{FreeStack, Ring};
@@ -578,6 +577,9 @@ impl LeaseVerifier {
 #[cfg(test)]
 mod tests;
 
-mod verdict;
+mod counters;
+mod target;
 
-pub use verdict::{Verdict, VerifierCounters, VerifyError, VerifyTarget};
+pub use crate::verdict::Verdict;
+pub use counters::{VerifierCounters, VerifyError};
+pub use target::VerifyTarget;

@@ -68,10 +68,10 @@ use core::fmt;
 use bytemuck::{Pod, Zeroable};
 
 use super::{FrameReader, FrameWriter, IpcError, MsgKind, FROM_SCHEDULER};
-use crate::consumer::batch::{sealed, BatchReason, HeartbeatBatch};
-use crate::consumer::{EngineHandle, EngineKey, TrackedRemote};
+use crate::heartbeat_batch::{sealed, BatchReason, HeartbeatBatch, TrackedRemote};
 use crate::lease_fields::LeaseFields;
 use crate::nonce::Nonce;
+use crate::remote_engine::{EngineHandle, EngineKey};
 use crate::wire::{self, CompactEntry};
 
 /// `slot` of a member without a lease.
