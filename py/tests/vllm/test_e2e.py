@@ -59,6 +59,7 @@ def expected(prompt: list[int]) -> list[set[int]]:
 
 def assert_no_leaks(node: NodeProcess, engine: str) -> dict:
     rep = node.call("report", engine=engine)
+    assert rep["crashed"] is None, f"{engine}'s engine step raised:\n{rep['crashed']}"
     assert rep["leaks"] == {}, f"{engine} leaks: {rep['leaks']}"
     return rep
 
@@ -364,6 +365,83 @@ def test_prefill_longer_than_max_pin_falls_back_to_vllms_lease(nodes, transport)
     figure(
         f"[{transport}] prefill past kv_lease_max_pin: vLLM's lease took over, no lease fields, "
         f"D failed the load as unverifiable and recomputed; P freed on D's read-done"
+    )
+    teardown(P, pe)
+    teardown(D, de)
+
+
+def _rescheduled_on_p(P, D, transport, pe, de, how):
+    """Gets a do_remote_decode request B scheduled a second time on P after
+    its lease was assigned, the way ``how`` says; returns B's prefill."""
+    if how == "preempt":
+        # 8 usable blocks, chunks of 64 tokens, two prefills of 160 tokens (5
+        # blocks each; each fits alone, so vLLM admits both). Steps 1 and 2:
+        # A and B take 64 tokens each (4 blocks each: the cache is full).
+        # Step 3: A needs a fifth block, so vLLM preempts B; A finishes, and
+        # its lease keeps its blocks. D reads A, P frees A's blocks, and B is
+        # scheduled again.
+        ka, kb = next(_keys), next(_keys)
+        a_rid, b_rid = P.call("add_prefills", engine=pe, items=[(ka, 160), (kb, 160)])
+        a = P.call("wait_prefill", engine=pe, request_id=a_rid, timeout=30)
+        got_a = D.call("decode", engine=de, key=ka, tokens=160, params=a["params"], timeout=30)
+        assert got_a["seen"] == expected(a["prompt"]) and not got_a["load_failed"]
+        b = P.call("wait_prefill", engine=pe, request_id=b_rid, timeout=30)
+    else:
+        # vLLM's RL weight-update path: every running request is preempted.
+        kb = next(_keys)
+        r = P.call("prefill_reset", engine=pe, key=kb, tokens=400, steps=1)
+        assert r["reset"] and 0 < r["computed_before_reset"] < 400, r
+        b = P.call("wait_prefill", engine=pe, request_id=r["request_id"], timeout=30)
+    assert not b["timeout"]
+    assert b["preemptions"] >= 1, "B was not preempted: the case proves nothing"
+    b["key"] = kb
+    return b
+
+
+@pytest.mark.parametrize("how", ["preempt", "reset"])
+def test_rescheduled_request_lapses_and_a_late_read_done_leaves_p_running(nodes, transport, how):
+    """Issue 28, 3.1. A do_remote_decode request B is preempted on P after its
+    lease was assigned (by cache pressure, or by vLLM's
+    ``reset_prefix_cache(reset_running_requests=True)``) and scheduled again;
+    vLLM's scheduler connector then puts it in ``reqs_in_batch`` a second
+    time. kvlease must keep it out of vLLM's worker tracking: otherwise the
+    worker keeps B in ``_reqs_to_process`` for ever, and once B's lease lapsed
+    D's late read-done becomes a ``finished_sending`` for a request the
+    scheduler no longer has (``assert req_id in self.requests``: P dies)."""
+    if transport != "shm":
+        pytest.skip("P-side bookkeeping: one transport suffices")
+    P, D = nodes
+    pe, de = f"p-resched-{how}-{transport}", f"d-resched-{how}-{transport}"
+    P.call("setup", spec=spec(transport, pe, "P", num_blocks=9 if how == "preempt" else 64,
+                              max_num_batched_tokens=128, long_prefill_token_threshold=64))
+    D.call("setup", spec=spec(transport, de, "D", max_num_seqs=1))
+    b = _rescheduled_on_p(P, D, transport, pe, de, how)
+    rep = P.call("report", engine=pe)
+    leaked = {k: v for k, v in rep["leaks"].items() if k.endswith("_stock_to_process")}
+    # B's lease lapses while D waits with its heartbeats lost; then D reads.
+    blocker = D.call("local", engine=de, key=next(_keys), tokens=32, max_tokens=100000)
+    D.call("drop_heartbeats", engine=de, on=True)
+    rid = D.call("add_decode", engine=de, key=b["key"], tokens=len(b["prompt"]), params=b["params"])
+    freed = P.call("wait_freed", engine=pe, request_id=b["request_id"], timeout=LEASE + 20)
+    assert not freed["timeout"], "B's lease never lapsed"
+    D.call("drop_heartbeats", engine=de, on=False)
+    D.call("abort", engine=de, request_id=blocker)
+    got = D.call("result", engine=de, request_id=rid, timeout=30)
+    assert not got["timeout"]
+    assert got["load_failed"] and got["recomputed"], "D's late read of B was not failed"
+    assert got["seen"] == expected(b["prompt"])
+    rep = P.call("report", engine=pe)
+    assert rep["crashed"] is None, f"P's engine died on D's late read-done:\n{rep['crashed']}"
+    assert not leaked, f"B was left in vLLM's worker tracking after its reschedule: {leaked}"
+    prep, _ = assert_no_leaks(P, pe), assert_no_leaks(D, de)
+    # D's late read-done reached P and was taken as vLLM takes one for a
+    # request it no longer has: logged and counted, nothing freed.
+    assert prep["stats_data"]["num_notifications_after_expiry"] == 1, prep["stats_data"]
+    assert prep["counters"]["scheduler"]["expired"] == 1
+    figure(
+        f"[{transport}] B {how}ed and scheduled again on P: kept out of vLLM's worker "
+        f"tracking; its lease lapsed, D's late read-done was counted after expiry, "
+        f"P kept running"
     )
     teardown(P, pe)
     teardown(D, de)

@@ -13,6 +13,20 @@ back to vLLM's own lease dict and reaper, unchanged: it then gets no lease
 fields, which a verifying decoder fails. Those are counted
 (``kv_lease_unslotted``).
 
+Why ``finished_sending`` from the workers is filtered here: vLLM's
+``Scheduler._update_from_kv_xfer_finished`` asserts that every id in it is
+still a request and frees its blocks, so one id too many kills the engine
+(or frees the blocks of a running request). vLLM's scheduler waits for
+exactly the ids whose ``request_finished`` returned ``delay_free=True``, once
+each; kvlease reports its own (``delayed``) when their leases are released,
+and lets through from the workers only vLLM's (``vllm_delayed``). Anything
+else (a worker that took a late read-done for an id kvlease held, a second
+report of one id) is dropped, counted and logged: a bug upstream of here,
+never an engine crash.
+
+The per-request warnings are rate-limited (``log_limit.py``); the counters
+count every event.
+
 Why ``finished_sending`` is added here and the slot given back at once: vLLM's
 ``Scheduler._update_from_kv_xfer_finished`` calls ``update_connector_output``
 and then, in the same call, frees the blocks of every id in
@@ -30,6 +44,7 @@ from typing import Any
 
 from .._native import LeaseConfig, PrefillScheduler
 from ..errors import GrantError, IpcError, StartError
+from .log_limit import RateLimitedLog
 from .stats import KvLeaseConnectorStats
 
 logger = logging.getLogger("vllm.kvlease.prefill")
@@ -57,6 +72,14 @@ class PrefillLeases:
         #: request_finished returned delay_free=True for these; each goes to
         #: finished_sending exactly once, when its lease is released.
         self.delayed: set[str] = set()
+        #: request_finished returned delay_free=True for these and vLLM's own
+        #: lease keeps their blocks: the workers report each in
+        #: finished_sending once (module docs).
+        self.vllm_delayed: set[str] = set()
+        #: finished_sending ids from the workers that vLLM's scheduler does
+        #: not wait for, dropped (module docs).
+        self.unexpected_finished = 0
+        self.log = RateLimitedLog(logger)
         #: Released while no connector output was at hand (drained in
         #: build_connector_meta): reported at the next update_connector_output.
         self._release_pending: set[str] = set()
@@ -78,13 +101,14 @@ class PrefillLeases:
                 self.fields[rid] = self.sched.assign(rid, now)
             except GrantError as e:
                 # Stock vLLM's lease for this one (module docs).
-                logger.warning(
+                self.stats.record_lease("kv_lease_unslotted")
+                self.log.warning(
+                    "no_lease",
                     "kvlease: no lease for request %s (%s): vLLM's own lease "
                     "applies and its KV cannot be verified",
                     rid,
                     e.reason,
                 )
-                self.stats.record_lease("kv_lease_unslotted")
                 continue
             held.add(rid)
         self._to_assign.clear()
@@ -108,6 +132,15 @@ class PrefillLeases:
         deadline), ``"vllm"`` (vLLM's lease as usual), or ``"returned"``
         (kvlease let go of it before its prefill ended, so vLLM's lease
         applies and vLLM's worker must track the request again)."""
+        outcome = self._finished(request_id, delay_free, params, now)
+        if delay_free and outcome != "held":
+            # vLLM's lease keeps the blocks: its workers report the id.
+            self.vllm_delayed.add(request_id)
+        return outcome
+
+    def _finished(
+        self, request_id: str, delay_free: bool, params: dict[str, Any] | None, now: float
+    ) -> str:
         self._to_assign.discard(request_id)
         untracked = request_id in self.untracked
         self.untracked.discard(request_id)
@@ -116,12 +149,13 @@ class PrefillLeases:
                 return "vllm"
             # Its pinned lease lapsed during a prefill longer than
             # kv_lease_max_pin, and the release was already reported.
-            logger.warning(
+            self.stats.record_lease("kv_lease_unslotted")
+            self.log.warning(
+                "lapsed_in_prefill",
                 "kvlease: lease of request %s lapsed during its prefill: vLLM's own "
                 "lease applies and its KV cannot be verified",
                 request_id,
             )
-            self.stats.record_lease("kv_lease_unslotted")
             return "returned"
         if not delay_free or params is None:
             self.cancel(request_id)
@@ -132,14 +166,15 @@ class PrefillLeases:
         except StartError as e:
             # Its pinned lease lapsed during a prefill longer than
             # kv_lease_max_pin: vLLM's own lease takes over.
-            logger.warning(
+            self.fields.pop(request_id, None)
+            self.stats.record_lease("kv_lease_unslotted")
+            self.log.warning(
+                "not_started",
                 "kvlease: lease of request %s could not start (%s): vLLM's own "
                 "lease applies and its KV cannot be verified",
                 request_id,
                 e.reason,
             )
-            self.fields.pop(request_id, None)
-            self.stats.record_lease("kv_lease_unslotted")
             return "returned"
         if fields is not None:
             params[SLOT_KEY], params[NONCE_KEY] = fields
@@ -166,13 +201,32 @@ class PrefillLeases:
                 logger.error("kvlease: report of rank %d refused: %s", rank, e)
 
     def release(self, finished_sending: set[str] | None) -> set[str] | None:
-        """Drains the released leases: their ids join ``finished_sending``
-        (created when ``None`` and needed), their slots go back. Returns the
-        set to use as ``finished_sending``."""
+        """Keeps of the workers' ``finished_sending`` only the ids vLLM's
+        scheduler waits for from them (module docs), then drains the released
+        leases: their ids join it (created when ``None`` and needed), their
+        slots go back. Returns the set to use as ``finished_sending``."""
+        if finished_sending:
+            reported = set(finished_sending)
+            expected = reported & self.vllm_delayed
+            if len(expected) != len(reported):
+                self._drop_unexpected(reported - expected)
+            self.vllm_delayed -= expected
+            finished_sending = expected
         done = self._drain()
         if done:
             finished_sending = set(finished_sending or ()) | done
         return finished_sending
+
+    def _drop_unexpected(self, ids: set[str]) -> None:
+        self.unexpected_finished += len(ids)
+        self.log.error(
+            "unexpected_finished",
+            "kvlease: the workers reported %d request(s) done sending that vLLM's "
+            "scheduler does not wait for (e.g. %s); dropped, since vLLM would "
+            "assert on them or free blocks still in use",
+            len(ids),
+            next(iter(ids)),
+        )
 
     def drain_between_steps(self) -> None:
         """Drains releases that need no report (a lease cancelled before any
@@ -193,7 +247,8 @@ class PrefillLeases:
                 self.stats.record_lease("kv_lease_expired")
                 # vLLM's own counter of reclaimed requests, as its reaper keeps it.
                 self.stats.record_kv_expired_req()
-                logger.warning(
+                self.log.warning(
+                    "expired",
                     "kvlease: lease of request %s expired (no heartbeat, or a prefill "
                     "longer than kv_lease_max_pin): its lease slot is released",
                     rid,
@@ -217,3 +272,4 @@ class PrefillLeases:
             self.sched.cancel(rid)
         self.fields.clear()
         self.untracked.clear()
+        self.vllm_delayed.clear()

@@ -102,13 +102,20 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
                     fields[rid] = f
         prefill = self._kvl_prefill
         now = _now()
-        held = prefill.assign_scheduled(now) if prefill is not None else set()
+        if prefill is not None:
+            prefill.assign_scheduled(now)
         meta = super().build_connector_meta(scheduler_output)
         directives = b""
         if prefill is not None:
-            if held:
-                # kvlease holds these: vLLM's worker must not track them.
-                meta.reqs_in_batch = meta.reqs_in_batch - held
+            # Every id kvlease holds stays out of vLLM's worker tracking, not
+            # only at its first scheduling: vLLM's update_state_after_alloc
+            # puts it in reqs_in_batch again whenever it is scheduled again
+            # (after a preemption, or reset_prefix_cache(reset_running_requests=True)),
+            # and an id in the worker's _reqs_to_process is never removed and
+            # makes a late plain read-done for it a finished_sending.
+            ours = {rid for rid in meta.reqs_in_batch if prefill.holds(rid)}
+            if ours:
+                meta.reqs_in_batch = meta.reqs_in_batch - ours
             prefill.drain_between_steps()
             directives = prefill.directives(now)
         if directives or fields:

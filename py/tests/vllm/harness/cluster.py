@@ -23,6 +23,10 @@ from typing import Any
 
 HARNESS_PARENT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 180.0
+#: Slack on every answer (seconds). A shared, loaded machine (other engines,
+#: builds) can take longer than the default to build an engine; raise it
+#: there rather than lengthen a bound the tests assert.
+CALL_SLACK_S = float(os.environ.get("KVLEASE_E2E_CALL_SLACK_S", "60"))
 
 
 def free_port() -> int:
@@ -72,10 +76,10 @@ class NodeProcess:
 
     def call(self, cmd: str, **args: Any) -> Any:
         """Sends ``cmd`` and waits for its answer: the command's own
-        ``timeout``/``seconds`` argument plus a minute of slack."""
+        ``timeout``/``seconds`` argument plus ``CALL_SLACK_S``."""
         msg_id = next(self._ids)
         self.conn.send((msg_id, cmd, args))
-        deadline = time.time() + 60.0 + float(args.get("timeout", 0) or args.get("seconds", 0))
+        deadline = time.time() + CALL_SLACK_S + float(args.get("timeout", 0) or args.get("seconds", 0))
         while True:
             left = deadline - time.time()
             if left <= 0 or self.proc.poll() is not None and not self.conn.poll(0):

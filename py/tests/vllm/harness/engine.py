@@ -104,6 +104,9 @@ class EngineSpec:
     num_blocks: int = 64
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 1024
+    #: vLLM's ``--long-prefill-token-threshold`` (0: vLLM's default): caps
+    #: each prefill's chunk so that several prefills share a step.
+    long_prefill_token_threshold: int = 0
     lease_duration: int = 6
     verification: bool = True
     ucx_backend_params: dict[str, str] | None = None
@@ -173,6 +176,8 @@ class Engine:
         vc.cache_config.kv_cache_layout = "LBHNC"  # vLLM's choice for NIXL
         vc.kv_transfer_config.kv_buffer_device = "cpu"
         vc.parallel_config.tensor_parallel_size = spec.tp
+        if spec.long_prefill_token_threshold:
+            vc.scheduler_config.long_prefill_token_threshold = spec.long_prefill_token_threshold
         self.kv_cache_config = self._kv_cache_config(spec.tp)
         os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
         self.scheduler = create_scheduler(

@@ -39,6 +39,9 @@ class Node:
         self.running = True
         #: engine -> wall time until which it does not step (a long step).
         self.paused_until: dict[str, float] = {}
+        #: engine -> the traceback of the step that raised (it steps no
+        #: more; ``report`` says so, as a real engine core would have died).
+        self.crashed: dict[str, str] = {}
 
     # -- loop ------------------------------------------------------------------------
 
@@ -52,8 +55,11 @@ class Node:
                     self.conn.send((msg_id, {"error": traceback.format_exc()}))
             now = time.time()
             for name, e in list(self.engines.items()):
-                if self.paused_until.get(name, 0.0) <= now:
-                    e.step()
+                if name not in self.crashed and self.paused_until.get(name, 0.0) <= now:
+                    try:
+                        e.step()
+                    except Exception:
+                        self.crashed[name] = traceback.format_exc()
             self._check_waiters()
             time.sleep(IDLE_SLEEP_S)
 
@@ -160,6 +166,45 @@ class Node:
 
         self._wait(msg_id, timeout, done)
 
+    def _prefill_done(self, e: Any, rid: str) -> Callable[[bool], Any]:
+        """Answers once P's ``rid`` finished (its kv_transfer_params are out)."""
+
+        def done(expired: bool) -> Any:
+            t = e.tracked[rid]
+            if t.params is None and not expired:
+                return None
+            return {"request_id": rid, "params": t.params, "finished_at": t.finished_at,
+                    "prompt": t.prompt, "timeout": t.params is None,
+                    "preemptions": t.request.num_preemptions}
+
+        return done
+
+    def cmd_add_prefills(self, msg_id: int, engine: str, items: list[tuple[int, int]]) -> None:
+        """P: adds a do_remote_decode request per ``(key, tokens)``, all before
+        the next step (so they are scheduled together); answers their ids."""
+        e = self.engines[engine]
+        self._reply(msg_id, [e.add_prefill(key, tokens) for key, tokens in items])
+
+    def cmd_wait_prefill(self, msg_id: int, engine: str, request_id: str, timeout: float) -> None:
+        """P: answers as ``cmd_prefill`` once ``request_id`` finished, with
+        how often vLLM's scheduler preempted it."""
+        self._wait(msg_id, timeout, self._prefill_done(self.engines[engine], request_id))
+
+    def cmd_prefill_reset(self, msg_id: int, engine: str, key: int, tokens: int,
+                          steps: int) -> None:
+        """P: adds a do_remote_decode request, runs ``steps`` engine steps (a
+        chunked prefill under way, its lease assigned), then calls vLLM's
+        ``reset_prefix_cache(reset_running_requests=True)`` (the RL
+        weight-update path), which preempts every running request."""
+        e = self.engines[engine]
+        rid = e.add_prefill(key, tokens)
+        for _ in range(steps):
+            e.step()
+        computed = e.tracked[rid].request.num_computed_tokens
+        ok = e.scheduler.reset_prefix_cache(reset_running_requests=True)
+        self._reply(msg_id, {"request_id": rid, "computed_before_reset": computed,
+                             "reset": ok, "preemptions": e.tracked[rid].request.num_preemptions})
+
     def cmd_abort_prefill(self, msg_id: int, engine: str, key: int, tokens: int, steps: int) -> None:
         """P: adds a do_remote_decode request, runs ``steps`` engine steps
         (its chunked prefill under way, its lease assigned), then aborts it."""
@@ -211,10 +256,16 @@ class Node:
 
     def cmd_report(self, msg_id: int, engine: str, settle_steps: int = 5) -> None:
         e = self.engines[engine]
-        for _ in range(settle_steps):
-            e.step()
+        if engine not in self.crashed:
+            for _ in range(settle_steps):
+                try:
+                    e.step()
+                except Exception:
+                    self.crashed[engine] = traceback.format_exc()
+                    break
         stats = e.stats
         self._reply(msg_id, {
+            "crashed": self.crashed.get(engine),
             "leaks": e.leak_report(),
             "counters": e.counters(),
             "stats_reduced": stats.reduce() if stats is not None else None,
@@ -225,6 +276,7 @@ class Node:
 
     def cmd_teardown(self, msg_id: int, engine: str) -> None:
         e = self.engines.pop(engine)
+        self.crashed.pop(engine, None)
         e.shutdown()
         self.faults.pop(engine, None)
         self.hb_clocks.pop(engine, None)
