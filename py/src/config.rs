@@ -90,6 +90,19 @@ impl LeaseConfig {
         self.inner.verification
     }
 
+    /// `kv_lease_require_verification`: D also fails loads from a P that
+    /// advertises no lease slots (a stock P) instead of using them unverified.
+    #[getter]
+    fn require_verification(&self) -> bool {
+        self.inner.require_verification
+    }
+
+    /// `kv_lease_max_peers`: P ranks one D worker checks against at once.
+    #[getter]
+    fn max_peers(&self) -> u32 {
+        self.inner.max_peers
+    }
+
     /// `kv_lease_slots`: lease slots each P worker exports.
     #[getter]
     fn lease_slots(&self) -> u32 {

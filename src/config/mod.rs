@@ -13,6 +13,7 @@
 //! | `decoder_kv_blocks_ttl` | 480 | fixed TTL of blocks cached on D (bidirectional mode), seconds (any positive number) |
 //! | `kv_lease_verification` | `true` | D uses pulled KV only after verifying the lease slot |
 //! | `kv_lease_slots` | KV blocks + max_num_seqs | lease slots exported by each P worker |
+//! | `kv_lease_require_verification` | `false` | D also fails the loads it cannot verify because P advertises no lease slots (a stock P); needs `kv_lease_verification` |
 //! | `kv_lease_capacity` | `kv_lease_slots` | leases one P lease book can hold at once |
 //! | `kv_lease_max_request_id_len` | 128 | longest request id, in bytes (ids are stored inline) |
 //! | `kv_lease_wheel_tick_ms` | 10 | timer-wheel resolution: expiry is late by at most one tick |
@@ -20,6 +21,7 @@
 //! | `kv_lease_max_pin` | 480 | longest a lease may stay assigned but not started (its prefill running) before the ranks let it go, seconds (any positive number); the safety net for an engine that aborts a request without cancelling its lease |
 //! | `kv_lease_max_tracked_requests` | 65,536 | requests D heartbeats at once (waiting ones included) |
 //! | `kv_lease_max_remote_engines` | 64 | distinct P engines D heartbeats at once |
+//! | `kv_lease_max_peers` | 256 | P ranks one D worker checks against at once (1..=4096; 8 KiB of landing window each) |
 //! | `kv_lease_max_fan_out` | 16 | most P ranks one D rank reads from, heartbeats and verifies for one request (P TP / D TP × P PP), 1..=64; the sender and the verifier both take this one number |
 //! | `kv_lease_turn2_safety_margin` | 5 | P declines a turn-2 read this close to D's deadline (plus the clock bound), seconds (any positive number); vLLM's `_KV_BLOCKS_EXPIRY_SAFETY_MARGIN` |
 //! | `kv_lease_clock_drift_ppm` | 100 | how fast P assumes two hosts' clocks drift apart, ppm (0..=1,000,000): a clock sample's bound grows by this much of its age |
@@ -99,6 +101,11 @@ pub struct LeaseConfig {
     /// `kv_lease_verification`: grant leases with a slot and nonce, and have
     /// D check them after its READ.
     pub verification: bool,
+    /// `kv_lease_require_verification`: D fails a load from a P that
+    /// advertises no lease slots (a stock P) as well, instead of using it
+    /// unverified. Off by default so that a D upgraded before its P's keeps
+    /// serving during a rolling upgrade; needs `verification`.
+    pub require_verification: bool,
     /// `kv_lease_slots`: lease slots each P worker exports.
     pub lease_slots: u32,
     /// `kv_lease_capacity`: leases one lease book holds at once.
@@ -121,6 +128,10 @@ pub struct LeaseConfig {
     pub max_tracked_requests: u32,
     /// `kv_lease_max_remote_engines`: P engines D heartbeats at once.
     pub max_remote_engines: u32,
+    /// `kv_lease_max_peers`: P ranks (remote agents) one D worker checks
+    /// against at once, [`DEFAULT_MAX_PEERS`] unless set. The engine lets
+    /// idle ones go to make room for new ones.
+    pub max_peers: u32,
     /// `kv_lease_max_fan_out`: most P ranks one D rank reads from for one
     /// request (`P TP / D TP` when P's TP is larger, times P's PP size). The
     /// heartbeat sender and the lease verifier are sized by this one number;
@@ -148,6 +159,10 @@ pub struct LeaseConfig {
 /// [`crate::consumer::TrackerCounters::not_heartbeated`].
 pub const DEFAULT_MAX_TRACKED_REQUESTS: u32 = 1 << 16;
 
+/// Default `kv_lease_max_peers`: 256 P ranks checked by one D worker at once
+/// (32 P engines of TP 8), 2 MiB of landing windows.
+pub const DEFAULT_MAX_PEERS: u32 = 256;
+
 /// Default `kv_lease_max_fan_out`: P TP 16 read by D TP 1, or P TP 4 × PP 4.
 pub const DEFAULT_MAX_FAN_OUT: u32 = 16;
 
@@ -160,6 +175,10 @@ pub mod limits {
     pub const MAX_REQUEST_ID_LEN: u16 = 1024;
     /// Most remote engines one decoder heartbeats.
     pub const MAX_REMOTE_ENGINES: u32 = 1 << 16;
+    /// Most P ranks one D worker checks against at once
+    /// (`kv_lease_max_peers`): the verifier keeps an 8 KiB landing window
+    /// per peer, 32 MiB at this limit.
+    pub const MAX_PEERS: u32 = 4096;
     /// Most P ranks one D rank reads from for one request
     /// (`kv_lease_max_fan_out`): a check's pending ranks are one `u64` mask.
     pub const MAX_FAN_OUT: u32 = 64;
@@ -224,6 +243,7 @@ const KNOWN_KEYS: &[&str] = &[
     "kv_lease_duration",
     "decoder_kv_blocks_ttl",
     "kv_lease_verification",
+    "kv_lease_require_verification",
     "kv_lease_slots",
     "kv_lease_capacity",
     "kv_lease_max_request_id_len",
@@ -232,6 +252,7 @@ const KNOWN_KEYS: &[&str] = &[
     "kv_lease_max_pin",
     "kv_lease_max_tracked_requests",
     "kv_lease_max_remote_engines",
+    "kv_lease_max_peers",
     "kv_lease_max_fan_out",
     "kv_lease_turn2_safety_margin",
     "kv_lease_clock_drift_ppm",
@@ -252,6 +273,7 @@ impl LeaseConfig {
             lease_duration: Duration::from_secs(30),
             decoder_kv_blocks_ttl: Duration::from_secs(480),
             verification: true,
+            require_verification: false,
             lease_slots: slots,
             lease_capacity: slots,
             max_request_id_len: 128,
@@ -260,6 +282,7 @@ impl LeaseConfig {
             max_pin: Duration::from_secs(480),
             max_tracked_requests: DEFAULT_MAX_TRACKED_REQUESTS,
             max_remote_engines: 64,
+            max_peers: DEFAULT_MAX_PEERS,
             max_fan_out: DEFAULT_MAX_FAN_OUT,
             turn2_safety_margin: Duration::from_secs(5),
             clock_drift_ppm: 100,
@@ -430,6 +453,22 @@ impl LeaseConfig {
             u64::from(MAX_REMOTE_ENGINES),
             "must be 1..=65536",
         )?;
+        range(
+            "kv_lease_max_peers",
+            u64::from(self.max_peers),
+            1,
+            u64::from(MAX_PEERS),
+            "must be 1..=4096 P ranks per D worker",
+        )?;
+        if self.require_verification && !self.verification {
+            // Nothing would be verified, so nothing could be required: the
+            // operator asked for two opposite things.
+            return Err(ConfigError::OutOfRange {
+                key: "kv_lease_require_verification",
+                value: "true".to_string(),
+                rule: "needs kv_lease_verification: true",
+            });
+        }
         range(
             "kv_lease_max_fan_out",
             u64::from(self.max_fan_out),

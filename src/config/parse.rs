@@ -64,6 +64,11 @@ impl LeaseConfig {
                         .as_bool()
                         .ok_or_else(|| wrong("kv_lease_verification", "true or false", v))?
                 }
+                "kv_lease_require_verification" => {
+                    c.require_verification = v
+                        .as_bool()
+                        .ok_or_else(|| wrong("kv_lease_require_verification", "true or false", v))?
+                }
                 "kv_lease_slots" => c.lease_slots = u32_key("kv_lease_slots", v)?,
                 "kv_lease_capacity" => {
                     c.lease_capacity = u32_key("kv_lease_capacity", v)?;
@@ -89,6 +94,7 @@ impl LeaseConfig {
                 "kv_lease_max_remote_engines" => {
                     c.max_remote_engines = u32_key("kv_lease_max_remote_engines", v)?
                 }
+                "kv_lease_max_peers" => c.max_peers = u32_key("kv_lease_max_peers", v)?,
                 "kv_lease_max_fan_out" => c.max_fan_out = u32_key("kv_lease_max_fan_out", v)?,
                 "kv_lease_turn2_safety_margin" => {
                     c.turn2_safety_margin =

@@ -377,3 +377,87 @@ fn hand_built_config_with_huge_duration_never_panics() {
         assert_eq!(tracker.due(crate::Instant::MAX, |_| {}), 1);
     }
 }
+
+#[test]
+fn require_verification_parses_and_needs_verification() {
+    let c = parse("{}").unwrap().config;
+    assert!(!c.require_verification, "off by default (rolling upgrades)");
+    let c = parse(r#"{"kv_lease_require_verification": true}"#)
+        .unwrap()
+        .config;
+    assert!(c.require_verification && c.verification);
+    for (input, value) in [
+        (r#"{"kv_lease_require_verification": "yes"}"#, "\"yes\""),
+        (r#"{"kv_lease_require_verification": 1}"#, "1"),
+        (r#"{"kv_lease_require_verification": null}"#, "null"),
+    ] {
+        let e = parse(input).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ConfigError::WrongType {
+                    key: "kv_lease_require_verification",
+                    ..
+                }
+            ),
+            "{input}: {e}"
+        );
+        assert!(e.to_string().contains(value), "{input}: {e}");
+    }
+    // Requiring what is switched off is a contradiction, refused by name.
+    let e = parse(r#"{"kv_lease_require_verification": true, "kv_lease_verification": false}"#)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ConfigError::OutOfRange {
+                key: "kv_lease_require_verification",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        parse(r#"{"kv_lease_require_verification": false, "kv_lease_verification": false}"#)
+            .is_ok()
+    );
+}
+
+#[test]
+fn max_peers_parses_within_its_range() {
+    assert_eq!(parse("{}").unwrap().config.max_peers, DEFAULT_MAX_PEERS);
+    assert_eq!(DEFAULT_MAX_PEERS, 256);
+    for n in [1, 17, limits::MAX_PEERS] {
+        let c = parse(&format!(r#"{{"kv_lease_max_peers": {n}}}"#))
+            .unwrap()
+            .config;
+        assert_eq!(c.max_peers, n);
+    }
+    for (input, value) in [
+        (r#"{"kv_lease_max_peers": 0}"#, "0"),
+        (r#"{"kv_lease_max_peers": 4097}"#, "4097"),
+        (r#"{"kv_lease_max_peers": -1}"#, "-1"),
+        (r#"{"kv_lease_max_peers": 99999999999}"#, "99999999999"),
+    ] {
+        let e = parse(input).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ConfigError::OutOfRange {
+                    key: "kv_lease_max_peers",
+                    ..
+                }
+            ),
+            "{input}: {e}"
+        );
+        assert!(e.to_string().contains(value), "{input}: {e}");
+    }
+    let e = parse(r#"{"kv_lease_max_peers": "8"}"#).unwrap_err();
+    assert!(matches!(
+        e,
+        ConfigError::WrongType {
+            key: "kv_lease_max_peers",
+            ..
+        }
+    ));
+}
