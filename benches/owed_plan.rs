@@ -4,8 +4,11 @@
 //! worker, the scheduler/worker split as bytes.
 //!
 //! - `owed_steady`: a step between heartbeat intervals, as it is now. The
-//!   worker polls rank 1's handshake itself and asks for the engine only
-//!   when a backoff runs out, so the plan is the 32-byte header.
+//!   worker polls rank 1's handshake itself and retries it from the
+//!   engine's kept key when a backoff runs out; it asks for the engine only
+//!   once a rank is ready, so the plan is the 32-byte header, retries
+//!   included (issue 30 item 1: before, each retry's plan carried the
+//!   engine).
 //! - `replanned_every_step` (the baseline, what the old code did): the owed
 //!   engine in every step's plan, every request id encoded, decoded and
 //!   walked by the worker. Measured here by making the engine due at every

@@ -217,13 +217,13 @@ fn a_failed_handshake_backs_off_exponentially_up_to_the_cap() {
     }
     assert!(saw_error);
     // Attempt n fails at its first poll (one step after it started), then
-    // waits 100, 200, 400, 800, 1000, 1000 ms; the retry starts one step
-    // after the wait ran out, when the plan carries the engine again (the
-    // sender asks for it at the end of the step in which the wait ends).
+    // waits 100, 200, 400, 800, 1000, 1000 ms; the retry starts at the end
+    // of the step in which the wait ran out, from the engine's kept key,
+    // without waiting for a plan to carry the engine again.
     let mut want = vec![0u64];
     let mut at = 0;
     for wait in [100, 200, 400, 800, 1000, 1000] {
-        at += 10 + wait + 10;
+        at += 10 + wait;
         want.push(at);
     }
     assert_eq!(starts, want);
@@ -235,6 +235,7 @@ fn a_failed_handshake_backs_off_exponentially_up_to_the_cap() {
     let c = s.counters();
     assert_eq!(c.handshakes_failed, 6);
     assert_eq!(c.handshakes_started, 7);
+    assert_eq!(c.handshakes_redialled, 6, "every retry from the kept key");
     assert!(c.messages_sent >= 1);
     assert_eq!(s.fabric().sent_to("p0:5600/eng/0")[0], "HB:p1");
 }
@@ -370,13 +371,19 @@ fn a_peer_the_fabric_forgot_is_handshaken_again_without_backoff() {
     // The fabric forgets the peer (a NIXL fabric evicts it to make room for
     // a restarted worker, or the engine removes it).
     s.fabric_mut().remove_peer(agent).unwrap();
-    // Its next heartbeat is refused: the peer is forgotten, not backed off...
+    // Its next heartbeat is refused: the peer is forgotten, not backed off,
+    // and its handshake starts again at the end of that very step, from
+    // the engine's kept key (no plan needed)...
     let due = now + cfg.heartbeat_interval();
     let r = s.step(&mut t, due);
     assert_eq!((r.messages_sent, r.peers_owed), (0, 1));
-    assert_eq!(s.peer_status(handle, 0), Some(PeerStatus::Idle));
+    assert!(matches!(
+        s.peer_status(handle, 0),
+        Some(PeerStatus::Pending(_))
+    ));
     assert_eq!(s.counters().peers_forgotten, 1);
-    // ... so the next step handshakes again and the one after sends, well
+    assert_eq!(s.counters().handshakes_redialled, 1);
+    // ... so the next step finds it ready and the one after sends, well
     // inside the 250 ms a failed peer would wait.
     s.step(&mut t, due + ms(1));
     let r = s.step(&mut t, due + ms(2));

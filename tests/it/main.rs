@@ -34,6 +34,7 @@ mod embed_nixl;
 mod lease_invariants;
 mod loopback_fabric;
 mod nixl_fabric;
+mod owed_plan;
 mod protocol_loopback;
 mod protocol_nixl;
 mod read_done_consumers;

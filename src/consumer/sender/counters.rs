@@ -29,6 +29,10 @@ pub struct SenderCounters {
     pub deferred_dropped: u64,
     /// Handshakes started (including retries).
     pub handshakes_started: u64,
+    /// Of those, started again at the end of a step from the engine's kept
+    /// key, without a plan: retries past their backoff, and peers the
+    /// fabric forgot.
+    pub handshakes_redialled: u64,
     /// Handshakes that completed.
     pub handshakes_ready: u64,
     /// Handshake attempts that failed (start refused, state `Failed`, or an

@@ -65,16 +65,21 @@
 //! READ).
 //!
 //! A plan carries every request id of the engines it names, so an engine is
-//! asked for only when the sender can do something with its batch: an owed
-//! peer became ready (send), or its handshake failed and the backoff ran
-//! out (retry: the address needs the engine's key). While a handshake is
-//! merely pending, the sender polls it itself at the end of each step
-//! ([`HeartbeatSender::finish_step`]), with no plan; a peer backing off
-//! waits without one. So an unreachable P rank costs a plan entry per
-//! retry, not per step: with 10,000 requests queued toward it that was
-//! 630 KB of plan every step, and is now one such plan per backoff period
-//! (`benches/tracker.rs`, `owed_plan`). The sender keeps nothing per request for this; the batch it needs
-//! arrives with the plan. An engine that disappears from the tracker comes
+//! asked for only when the sender needs its batch: an owed peer became
+//! ready, and the heartbeat can go. Everything else the sender does by
+//! itself at the end of each step ([`HeartbeatSender::finish_step`]), with
+//! no plan: it polls a pending handshake, lets a peer back off, and, when
+//! the backoff runs out (or the fabric forgot the peer), starts the
+//! handshake again from the engine's key, which it kept when the engine
+//! took its slot (`keys.rs`). So an unreachable P rank costs no plan: with
+//! 10,000 requests queued toward it, the owed engine was 630 KB of plan
+//! at every step (issue 19), then at every retry of that rank (issue 30),
+//! and is now in no plan but its interval's own, when the ranks that are
+//! ready take the heartbeat (`tests/it/owed_plan.rs`, `benches/owed_plan.rs`).
+//! One exception keeps a quick first handshake quick: the step after a
+//! handshake first started, the engine is planned once more, so that a
+//! peer ready by then is heartbeated at once. The sender keeps nothing per
+//! request for this; the batch it needs arrives with the plan. An engine that disappears from the tracker comes
 //! back as a "gone" notice ([`HeartbeatSender::engine_gone`]), and what is
 //! owed to it is dropped. [`HeartbeatSender::step`] runs exactly this loop
 //! in one process, so the single-process tests pin the split's behaviour.
@@ -112,9 +117,9 @@
 //!
 //! # Fixed capacity
 //!
-//! State for `max_engines * max_fan_out` peers, the message scratch buffer and
-//! the address buffer are allocated in [`HeartbeatSender::new`]; nothing
-//! allocates afterwards. An engine whose fan-out (`P TP / D TP`) exceeds
+//! State for `max_engines * max_fan_out` peers, one engine key per engine
+//! slot, the message scratch buffer and the address buffer are allocated in
+//! [`HeartbeatSender::new`]; nothing allocates afterwards. An engine whose fan-out (`P TP / D TP`) exceeds
 //! `max_fan_out`, or whose TP sizes do not map, is not heartbeated by this
 //! sender: a [`SenderError`] from `send_due`, counted.
 
@@ -139,12 +144,14 @@ pub const MAX_MESSAGE_LEN: usize = 64 * 1024;
 mod address;
 mod config;
 mod counters;
+mod keys;
 mod owed;
 mod service;
 
 pub use address::{DefaultPeerAddress, PeerAddress, PortPerRankAddress};
 pub use config::{SenderConfig, SenderError};
 pub use counters::{PeerStatus, SenderCounters, StepError, StepReport};
+use keys::EngineKeys;
 pub use owed::OwedEngines;
 
 #[derive(Clone, Copy, Debug)]
@@ -237,6 +244,8 @@ pub struct HeartbeatSender<F: Fabric, A: PeerAddress = DefaultPeerAddress> {
     owed: DenseSet,
     scratch: Box<[u8]>,
     addr: AddrBuf,
+    /// Each slot's engine key, to start a handshake again without a plan.
+    keys: EngineKeys,
     /// Owed engines the next plan must carry (a subset of `owed`): some
     /// owed peer is ready, idle, or done backing off. Rebuilt by
     /// `finish_step`.
@@ -303,6 +312,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
                 buf: vec![0; config.max_address_len as usize].into_boxed_slice(),
                 len: 0,
             },
+            keys: EngineKeys::new(engines, config.max_address_len),
             epoch: 1,
             counters: SenderCounters::default(),
             this_step: StepTally::default(),

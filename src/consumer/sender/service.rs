@@ -1,5 +1,6 @@
 //! Serving one peer (P engine, rank): its slot of peers, the handshake and
-//! its backoff, and the heartbeat forms sent to it.
+//! its backoff (retried from the slot's kept key, without a plan), and the
+//! heartbeat forms sent to it.
 
 use super::*;
 
@@ -57,6 +58,8 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         for p in &mut self.peers[base..base + self.config.max_fan_out as usize] {
             *p = IDLE_PEER;
         }
+        // A key too long to keep only means retries wait for a plan.
+        let _ = self.keys.keep(e, &key);
         self.slots[e as usize] = Slot {
             used: true,
             generation: handle.generation,
@@ -68,9 +71,11 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
     }
 
     /// Polls the pending handshakes of owed peers (not those started in
-    /// this step) and rebuilds `ripe`: the owed engines with a peer that is
-    /// ready, idle, done backing off, or whose handshake started in this
-    /// step. O(owed peers).
+    /// this step), starts again those done backing off or forgotten by the
+    /// fabric (from the slot's kept key), and rebuilds `ripe`: the owed
+    /// engines with a peer that is ready, or whose first handshake started
+    /// in this step, or that needs a handshake and has no kept key. O(owed
+    /// peers).
     pub(super) fn poll_owed(&mut self, now: Instant) {
         while let Some(e) = self.ripe.get(0) {
             self.ripe.remove(e);
@@ -91,8 +96,15 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
                     continue;
                 }
                 ripe |= match peer.status {
-                    PeerStatus::Ready { .. } | PeerStatus::Idle => true,
-                    PeerStatus::Failed { retry_at, .. } => now >= retry_at,
+                    PeerStatus::Ready { .. } => true,
+                    // Forgotten by the fabric, or done backing off: start
+                    // again here, from the kept key. The engine is asked
+                    // for once the rank is ready; only a slot without a
+                    // kept key needs the plan to address the rank.
+                    PeerStatus::Idle => !self.redial(e, j, now),
+                    PeerStatus::Failed { retry_at, .. } => {
+                        now >= retry_at && !self.redial(e, j, now)
+                    }
                     // Started in this step: not polled yet (a handshake
                     // answers at a later step). A first handshake gets one
                     // more plan, so that a quick one sends at the next step;
@@ -206,7 +218,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
                         true
                     }
                     HandshakeState::Failed(err) => {
-                        self.fail(batch, e, k, err, now);
+                        self.fail_peer(batch.handle(), e, k, err, now);
                         false
                     }
                 }
@@ -214,6 +226,7 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
         }
     }
 
+    /// Starts peer `k`'s handshake, addressed from the batch's key.
     pub(super) fn start_handshake<B: HeartbeatBatch>(
         &mut self,
         batch: &B,
@@ -223,20 +236,48 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
     ) {
         let rank = self.rank_of(e, k);
         self.addr.len = 0;
-        let key = batch.key();
-        if self
+        let written = self
+            .address
+            .write_address(&batch.key(), rank, &mut self.addr)
+            .is_ok();
+        self.dial(batch.handle(), e, k, written, now);
+    }
+
+    /// Starts peer `k` of slot `e` again, addressed from the key kept for
+    /// the slot: a retry whose backoff ran out, or a peer the fabric forgot.
+    /// Returns false, doing nothing, when the slot keeps no key (the plan
+    /// must bring it).
+    pub(super) fn redial(&mut self, e: u32, k: u32, now: Instant) -> bool {
+        let rank = self.rank_of(e, k);
+        let Some(key) = self.keys.get(e) else {
+            return false;
+        };
+        self.addr.len = 0;
+        let written = self
             .address
             .write_address(&key, rank, &mut self.addr)
-            .is_err()
-        {
+            .is_ok();
+        let handle = EngineHandle {
+            index: e,
+            generation: self.slots[e as usize].generation,
+        };
+        self.counters.handshakes_redialled += 1;
+        self.dial(handle, e, k, written, now);
+        true
+    }
+
+    /// Starts peer `k`'s handshake with the address just written into
+    /// `addr` (`written`: whether it was).
+    fn dial(&mut self, engine: EngineHandle, e: u32, k: u32, written: bool, now: Instant) {
+        if !written {
             self.counters.address_errors += 1;
-            self.fail(batch, e, k, FabricError::BadAddress, now);
+            self.fail_peer(engine, e, k, FabricError::BadAddress, now);
             return;
         }
         // AddrBuf is filled only through write_str, whole &strs at a time.
         let Ok(address) = core::str::from_utf8(&self.addr.buf[..self.addr.len]) else {
             self.counters.address_errors += 1;
-            self.fail(batch, e, k, FabricError::BadAddress, now);
+            self.fail_peer(engine, e, k, FabricError::BadAddress, now);
             return;
         };
         self.counters.handshakes_started += 1;
@@ -246,19 +287,8 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
                 self.peers[i].status = PeerStatus::Pending(agent);
                 self.peers[i].started_epoch = self.epoch;
             }
-            Err(err) => self.fail(batch, e, k, err, now),
+            Err(err) => self.fail_peer(engine, e, k, err, now),
         }
-    }
-
-    pub(super) fn fail<B: HeartbeatBatch>(
-        &mut self,
-        batch: &B,
-        e: u32,
-        k: u32,
-        err: FabricError,
-        now: Instant,
-    ) {
-        self.fail_peer(batch.handle(), e, k, err, now);
     }
 
     /// Peer `k` of engine slot `e` failed: back off, keep the error.
