@@ -8,7 +8,8 @@
 //! The harness runs one [`PrefillScheduler`] and one to three
 //! [`PrefillRank`]s exactly as an engine with one process per GPU would:
 //! scheduler and ranks exchange nothing but role-message **bytes**, once per
-//! [`RolesOp::Step`] (directives down, reports up). Heartbeats and
+//! [`RolesOp::Step`] (the scheduler's backstop polled, directives down,
+//! reports up). Heartbeats and
 //! read-dones reach the ranks one by one, so a notification can be dropped
 //! for some ranks and not others (per-rank drops), and ranks expire on their
 //! own.
@@ -33,6 +34,9 @@
 //! 5. A lease is released to the engine only when no rank holds it, and a
 //!    slot is handed to a new lease only after the engine freed the blocks
 //!    of the last one.
+//! 6. The scheduler's backstop ([`PrefillScheduler::poll`], once per step)
+//!    probes and cancels exactly the leases its rules name, never early and
+//!    at most a tick late; each lease's timer is armed where the model says.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -249,6 +253,14 @@ struct ModelLease {
     /// The reasons reported so far, combined as the scheduler does.
     combined: Option<ReleaseReason>,
     reason: Option<ReleaseReason>,
+    /// The scheduler's backstop (`backstop.rs`): the lease's limit
+    /// (`Instant::MAX`: none), when its timer is armed, and whether a first
+    /// let-go waits for the next poll to stamp it.
+    limit: Instant,
+    backstop: Option<Instant>,
+    /// When `backstop` was last set.
+    armed_at: Instant,
+    straggling: bool,
 }
 
 /// The roles plus their reference model. See the module docs.
@@ -398,6 +410,7 @@ impl RolesHarness {
     }
 }
 
+mod backstop;
 mod ops;
 mod step;
 

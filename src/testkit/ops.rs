@@ -79,8 +79,22 @@ impl RolesHarness {
                 reported: vec![false; n],
                 combined: None,
                 reason: None,
+                limit: Instant::MAX,
+                backstop: None,
+                armed_at: Instant::ZERO,
+                straggling: false,
             },
         );
+        // The backstop's pinned rule: the ranks let a lease that never
+        // starts go at max_pin; a duration later it is cancelled.
+        let (now, limit) = (
+            self.now,
+            self.now + self.config.max_pin + self.config.lease_duration(),
+        );
+        if let Some(l) = self.model.get_mut(&id) {
+            l.limit = limit;
+            l.arm(limit, now);
+        }
         if start {
             self.model_start(id);
         }
@@ -93,8 +107,18 @@ impl RolesHarness {
             self.config.max_hold(),
         );
         if let Some(l) = self.model.get_mut(&id) {
-            l.started = Some((now + dur, hold.map_or(Instant::MAX, |h| now + h)));
+            let hold_until = hold.map_or(Instant::MAX, |h| now + h);
+            l.started = Some((now + dur, hold_until));
             l.start_pending = true;
+            // The pinned rule is over: the held rule (with max_hold) takes
+            // its place, and a rank's let-go before the start counts now.
+            l.limit = hold_until + dur;
+            l.backstop = None;
+            let limit = l.limit;
+            l.arm(limit, now);
+            if l.let_gos() > 0 {
+                l.straggling = true;
+            }
         }
     }
 
@@ -126,6 +150,8 @@ impl RolesHarness {
             l.grant_pending = false;
             l.start_pending = false;
             l.reason = Some(ReleaseReason::Cancelled);
+            l.backstop = None;
+            l.straggling = false;
             let entry = (id, ReleaseReason::Cancelled, l.slot, l.nonce);
             self.released.push(entry);
         } else {

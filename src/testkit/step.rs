@@ -28,6 +28,9 @@ impl RolesHarness {
     /// One step's IPC; the ranks whose bits are set in `lose` never get
     /// this step's directive message.
     pub(super) fn step(&mut self, lose: u8) {
+        // The backstop first, as an engine calls it: its directives go out
+        // in this step's message.
+        self.poll();
         // Directives down: the same bytes to every rank (that gets them).
         let n = match self.scheduler.encode_directives(self.now, &mut self.buf) {
             Ok(n) => n,
@@ -156,7 +159,12 @@ impl RolesHarness {
                 l.reason = Some(why);
                 l.cancel_pending = false;
                 l.start_pending = false;
+                l.backstop = None;
+                l.straggling = false;
                 self.released.push((id, why, l.slot, l.nonce));
+            } else if l.let_gos() == 1 {
+                // The first let-go starts the straggler rule.
+                l.straggling = true;
             }
         }
     }
@@ -279,6 +287,12 @@ impl RolesHarness {
             }
         }
         for (id, l) in &self.model {
+            let armed = if l.reason.is_some() { None } else { l.backstop };
+            assert_eq!(
+                self.scheduler.backstop_deadline(&self.ids[*id]),
+                armed,
+                "backstop of {id}"
+            );
             let want = match (l.reason, l.started) {
                 (Some(r), _) => LeaseStatus::Released(r),
                 (None, Some(_)) => LeaseStatus::Held,

@@ -3,7 +3,8 @@
 //! sequences: grants, assigns and starts, heartbeats lost on some ranks,
 //! compact renewals with right and wrong nonces, stale and duplicate
 //! read-dones, ids never granted, over-long ids, capacity and slot
-//! exhaustion, cancels, expiry at irregular steps, ranks that diverge.
+//! exhaustion, cancels, expiry at irregular steps, ranks that diverge, and
+//! the scheduler's backstop (its `poll`, once per step: probes and cancels).
 //! Deterministic: the seeds are fixed, so a failure names its seed.
 
 use kvlease::testkit::{RolesHarness, RolesOp, SplitMix64};
@@ -50,12 +51,15 @@ fn exhaustion_reuse_and_divergence_happen_in_the_random_programs() {
     // Guard against a generator that never reaches the interesting states.
     let (mut full, mut stale, mut expired, mut returned, mut diverged, mut multi) =
         (0, 0, 0, 0, 0, 0);
+    let (mut probes, mut backstop_cancels) = (0, 0);
     for seed in 0..32u64 {
         let h = run(seed);
         let c = h.scheduler().counters();
         full += c.grant_refused_full;
         expired += c.expired;
         returned += c.slots_returned;
+        probes += c.backstop_probes;
+        backstop_cancels += c.backstop_cancels;
         stale += h
             .ranks()
             .iter()
@@ -67,5 +71,10 @@ fn exhaustion_reuse_and_divergence_happen_in_the_random_programs() {
     assert!(
         full > 0 && stale > 0 && expired > 0 && returned > 0 && diverged > 0 && multi > 0,
         "full {full} stale {stale} expired {expired} returned {returned} diverged {diverged} multi-rank runs {multi}"
+    );
+    // The scheduler's backstop (polled at every Step) probes and cancels.
+    assert!(
+        probes > 0 && backstop_cancels > 0,
+        "backstop probes {probes}, cancels {backstop_cancels}"
     );
 }

@@ -201,9 +201,15 @@ impl PrefillRank {
                 now,
             ),
             slots,
-            // A release and a "not held" answer per entry fit at once; more
-            // only if the engine stops shipping reports (counted, dropped).
-            reports: Ring::new(entries.saturating_mul(2), PLACEHOLDER),
+            // Per entry, between two report messages: its release by this
+            // rank's own rule, then a "not held" answer to each directive
+            // that can name it in one message (a Start, which the
+            // scheduler's backstop re-sends as a probe, and a Cancel; a
+            // Grant and its Start travel as one). More only if the engine
+            // stops shipping reports (counted, dropped). The backstop's
+            // probes made it three: the role-model harness, polling the
+            // scheduler, overflowed a ring of two per entry.
+            reports: Ring::new(entries.saturating_mul(3), PLACEHOLDER),
             held: 0,
             last_directive_seq: None,
             report_seq: 0,
