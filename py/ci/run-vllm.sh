@@ -6,9 +6,16 @@
 #             imports the installed wheel, as a user's `vllm serve` does
 #   tests     pytest py/tests against that wheel: the bindings' suite, the
 #             plugin's unit tests (version pin, metadata, notification path and
-#             its hypothesis fuzz, stats, the documented configuration), and the
-#             end-to-end cases in processes with real NIXL agents over UCX shm
-#             and tcp (py/tests/vllm/test_e2e.py; figures to .vllm-tests/results)
+#             its hypothesis fuzz, stats, the documented configuration), the
+#             inventory of the vLLM names the plugin relies on, checked in the
+#             sdists of vLLM 0.32.0, 0.33.0 and 0.34.0 (py/ci/vllm-sdists.py
+#             fetches them) and in the installed vLLM
+#             (py/tests/vllm/test_private_names.py), and the end-to-end cases
+#             in processes with real NIXL agents over UCX shm and tcp
+#             (py/tests/vllm/test_e2e.py; figures to .vllm-tests/results)
+#   vllm033   the plugin's unit tests again (py/tests/vllm but test_e2e.py),
+#             with vLLM 0.33.0's Python sources from its sdist first on
+#             PYTHONPATH, over this venv's 0.34 dependency closure
 #   upstream  vLLM 0.34.0's test_nixl_heartbeat.py and test_nixl_connector.py,
 #             unmodified from the sdist: stock, then with the plugin's classes
 #             substituted, compared (run-upstream.sh plugin), then the negative
@@ -17,7 +24,7 @@
 #             kvlease against vLLM's own methods; fails if kvlease is not
 #             cheaper at 10k leases and above
 #
-#   py/ci/run-vllm.sh [all|wheel|tests|upstream|bench]...   (default: all)
+#   py/ci/run-vllm.sh [all|wheel|tests|vllm033|upstream|bench]...   (default: all)
 #
 # The environment comes from py/ci/vllm-env.sh (idempotent). Each step prints
 # its duration.
@@ -48,12 +55,33 @@ fi
 
 if want tests; then
     begin "tests (py/tests against the installed wheel; end to end over UCX shm and tcp)"
+    # The three supported vLLM sdists, for the inventory's static check
+    # (sha256-pinned, cached; exports KVLEASE_VLLM_SDIST_DIR, which makes a
+    # missing sdist a failure rather than a skip).
+    eval "$("${KVLEASE_PYTHON:-python3}" py/ci/vllm-sdists.py)"
     rm -f "${results}/e2e-figures.txt"
     # From py/: `import kvlease` resolves to the installed wheel (py/python is
     # not on the path), and the node processes import the same.
     (cd py && KVLEASE_E2E_FIGURES="${results}/e2e-figures.txt" "$VLLM_ENV_PYTHON" -m pytest -q \
         -p no:cacheprovider -rfEsxX --timeout=900 --junitxml="${results}/py-tests.xml" tests)
     end tests
+fi
+
+if want vllm033; then
+    begin "vllm033 (the plugin's unit tests on vLLM 0.33.0's sources over this venv)"
+    # vLLM 0.33.0 is supported but not installed here: its sdist's vllm/
+    # (pure Python, as 0.34's own CUDA extension does not load on CPU
+    # either) shadows the installed 0.34 package, and its test helpers
+    # replace 0.34's. test_in_sdist is left out: the tests step ran it for
+    # every version; test_in_installed_vllm here checks 0.33.0 by import.
+    eval "$("${KVLEASE_PYTHON:-python3}" py/ci/vllm-sdists.py --tree 0.33.0)"
+    (cd py && PYTHONPATH="${KVLEASE_VLLM_TREE}" VLLM_TESTS_DIR="${KVLEASE_VLLM_TREE}" \
+        "$VLLM_ENV_PYTHON" -c 'import vllm, sys; v = vllm.__version__; print("vllm", v, "from", vllm.__file__); sys.exit(v != "0.33.0")' \
+        && PYTHONPATH="${KVLEASE_VLLM_TREE}" VLLM_TESTS_DIR="${KVLEASE_VLLM_TREE}" \
+        "$VLLM_ENV_PYTHON" -m pytest -q -p no:cacheprovider -rfEsxX --timeout=900 \
+        --junitxml="${results}/py-tests-vllm033.xml" tests/vllm \
+        --ignore=tests/vllm/test_e2e.py -k 'not test_in_sdist')
+    end vllm033
 fi
 
 if want upstream; then

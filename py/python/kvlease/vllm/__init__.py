@@ -1,13 +1,14 @@
-"""kvlease for vLLM: ``KvLeaseNixlConnector``, vLLM 0.34's NIXL pull
-connector with lease slots, nonces and verified KV loads.
+"""kvlease for vLLM: ``KvLeaseNixlConnector``, vLLM's NIXL pull connector
+with lease slots, nonces and verified KV loads.
 
 Load it unmodified through vLLM's ``kv_connector_module_path``::
 
     --kv-transfer-config '{"kv_connector": "KvLeaseNixlConnector",
                            "kv_connector_module_path": "kvlease.vllm", ...}'
 
-Supported vLLM: ``>=0.34,<0.35`` (checked here, at import, and again when a
-connector is built). See ``docs/vllm.md``.
+Supported vLLM: ``>=0.32,<0.35`` (checked here, at import, and again when a
+connector is built; ``compat.py`` says how the version is read). See
+``docs/vllm.md``.
 """
 
 from __future__ import annotations

