@@ -2,16 +2,29 @@
 //!
 //! Every input is used two ways, each decoded and, when it decodes,
 //! re-encoded (it must give back the very same bytes) and applied to a
-//! tracker tracking a few of the ids it may name (which must not panic, and
-//! must stop tracking exactly the requests it reports):
+//! tracker tracking a few of the ids it may name:
 //! 1. as a message;
 //! 2. behind a valid frame header whose counts come from the first two
 //!    bytes and whose sender rank from the third.
+//!
+//! Applying it must follow `HeartbeatTracker::apply_outcomes`'s documented
+//! rules (`src/consumer/tracker/outcomes.rs`): each `on_outcome` call ends
+//! the tracking of one request the message named, and nothing else stops
+//! being tracked. A message from a worker the tracker does not have (rank
+//! not below its worker count) fails every tracked request it names, each
+//! once and as `Unverifiable`, and returns `UnknownWorker`; it changes
+//! nothing else.
+//!
+//! Regression inputs (`fuzz/regressions/verify_outcomes/`, replayed by
+//! `.ci/run`'s fuzz smoke before it fuzzes): `unknown-worker-names-tracked`
+//! is a framed outcome from rank 1 to a one-worker tracker that names a
+//! tracked request (a 4-minute run found it while this target still
+//! asserted that a refused message changes nothing).
 #![no_main]
 
-use kvlease::consumer::{HeartbeatTracker, RemotePrefillParams};
+use kvlease::consumer::{HeartbeatTracker, RemotePrefillParams, TrackOutcome, Verdict};
 use kvlease::ipc::outcome::{self, OutcomeMsg, OWED_RECORD_LEN, RECORD_LEN};
-use kvlease::ipc::MsgKind;
+use kvlease::ipc::{IpcError, MsgKind};
 use kvlease::{EngineShape, Instant, LeaseConfig};
 use libfuzzer_sys::fuzz_target;
 
@@ -53,6 +66,7 @@ fn check(bytes: &[u8]) {
     let Ok(mut t) = HeartbeatTracker::new(&c, 1 + msg.seq() % 3) else {
         return;
     };
+    let mut tracked: Vec<&str> = Vec::new();
     for d in ["a", "b", "c", "\u{0}", "ab"] {
         let params = RemotePrefillParams {
             do_remote_prefill: true,
@@ -63,24 +77,71 @@ fn check(bytes: &[u8]) {
             tp_size: Some(1),
             ..Default::default()
         };
-        let _ = t.on_new_request(d, &params, Instant::ZERO);
+        if let Ok(TrackOutcome::Started) = t.on_new_request(d, &params, Instant::ZERO) {
+            tracked.push(d);
+        }
     }
-    let before = t.len();
-    let mut reported = 0u32;
-    if let Ok(r) = t.apply_outcomes(&msg, |id, _| {
-        assert!(!id.is_empty());
-        reported += 1;
-    }) {
-        assert_eq!(r.received + r.failed, reported);
-        assert_eq!(
-            before - t.len(),
-            reported,
-            "each report ends one tracked request"
+    assert_eq!(t.len() as usize, tracked.len());
+    // The tracked requests the message names, each once, in message order.
+    let mut named: Vec<&str> = Vec::new();
+    for o in msg.iter() {
+        if let Some(d) = tracked.iter().find(|d| **d == o.request_id) {
+            if !named.contains(d) {
+                named.push(d);
+            }
+        }
+    }
+    let mut reported: Vec<(String, Verdict)> = Vec::new();
+    let result = t.apply_outcomes(&msg, |id, verdict| {
+        reported.push((id.to_string(), verdict));
+    });
+    // Each report ends the tracking of one request the message named; every
+    // other request is still tracked.
+    for (k, (id, _)) in reported.iter().enumerate() {
+        assert!(
+            named.contains(&id.as_str()),
+            "reported {id:?}, not a tracked request the message named"
         );
-        assert_eq!(r.outcomes, msg.len());
-    } else {
-        assert!(msg.rank() >= t.workers());
-        assert_eq!(t.len(), before);
+        assert!(
+            reported[..k].iter().all(|(x, _)| x != id),
+            "{id:?} reported twice"
+        );
+        assert!(
+            t.remote_of(id).is_none(),
+            "{id:?} reported but still tracked"
+        );
+    }
+    for d in &tracked {
+        let ended = reported.iter().any(|(x, _)| x == d);
+        assert_eq!(t.remote_of(d).is_some(), !ended, "tracking of {d:?}");
+    }
+    assert_eq!(t.len() as usize, tracked.len() - reported.len());
+    match result {
+        Ok(r) => {
+            assert!(msg.rank() < t.workers());
+            assert_eq!(r.received + r.failed, reported.len() as u32);
+            assert_eq!(r.outcomes, msg.len());
+        }
+        Err(e) => {
+            // The only refusal: a worker the tracker does not have. Exactly
+            // the tracked requests the message named fail, as unverifiable.
+            assert!(msg.rank() >= t.workers());
+            assert_eq!(
+                e,
+                IpcError::UnknownWorker {
+                    rank: msg.rank(),
+                    workers: t.workers()
+                }
+            );
+            let want: Vec<(String, Verdict)> = named
+                .iter()
+                .map(|d| (d.to_string(), Verdict::Unverifiable))
+                .collect();
+            assert_eq!(
+                reported, want,
+                "a refused message fails exactly what it names"
+            );
+        }
     }
 }
 
