@@ -144,7 +144,9 @@ if [ "$(sha256sum "$proxy" 2>/dev/null | cut -d' ' -f1)" != "$TOY_PROXY_SHA256" 
 fi
 
 # ---- 4. the tiny model ---------------------------------------------------------------
-model_hash="$( { cat "${here}/make_model.py"; echo "py=${py_version} ${inputs_hash}"; } | sha256sum | cut -c1-16)"
+# The model depends on its recipe, the interpreter and torch, not on the rest
+# of the environment.
+model_hash="$( { cat "${here}/make_model.py"; echo "py=${py_version}"; grep '^torch==' "$req_file"; } | sha256sum | cut -c1-16)"
 model="${cache_root}/engine-model-${model_hash}"
 if [ ! -f "${model}/model.safetensors" ]; then
     log "4. making the tiny model into ${model} (about 2 minutes)"

@@ -1,0 +1,129 @@
+"""What kvlease costs in a real engine: TTFT and end-to-end latency, p50 and
+p99, over the same requests for stock vLLM, kvlease, and kvlease with
+verification off. A benchmark, not a test: it asserts nothing and prints a
+table (docs/vllm.md has the figures of a run).
+
+    eval "$(py/engine/env.sh)"; $ENGINE_PYTHON py/engine/bench.py [--requests 120]
+
+Each configuration gets a fresh P and D (``vllm serve``, vLLM's CPU build,
+real NIXL) behind the float64 router; requests stream, so TTFT is the time
+to the first token D streams back, through P's prefill, the router, D's KV
+load and (kvlease) the lease check. The D step is measured beside it: vLLM's
+own inter-token latency on D (p50), the unit of "verification adds at most
+one D step to TTFT p50".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from instances import InstanceSpec, start_all  # noqa: E402
+from routers import RouterProcess  # noqa: E402
+from workload import complete_all, make_prompts, run  # noqa: E402
+
+LEASE = {"kv_lease_duration": 30}
+CONFIGS = {
+    "stock": ("stock", dict(LEASE)),
+    "kvlease": ("kvlease", dict(LEASE)),
+    "kvlease, verification off": ("kvlease", {**LEASE, "kv_lease_verification": False}),
+}
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def histogram_p50(inst, name: str) -> float | None:
+    """The median of a vLLM Prometheus histogram, from its buckets."""
+    buckets = []
+    count = None
+    for key, value in inst.metrics().items():
+        if key.startswith(name + "_bucket{"):
+            le = key.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), value))
+        elif key.startswith(name + "_count"):
+            count = value
+    if not buckets or not count:
+        return None
+    for le, cum in sorted(buckets):
+        if cum >= count / 2:
+            return le
+    return None
+
+
+def measure(label: str, connector: str, extra: dict, prompts, max_tokens: int, logs: Path,
+            model: str, concurrency: int) -> dict:
+    p_spec = InstanceSpec(f"bench-p-{connector}", connector=connector, extra=extra)
+    d_spec = InstanceSpec(f"bench-d-{connector}", connector=connector, extra=extra)
+    p, d = start_all([p_spec, d_spec], model, logs)
+    router = RouterProcess("float64", [p], [d], logs).start()
+    try:
+        # Warm-up: the handshake and the first steps are not what is measured.
+        run(complete_all(router.url, prompts[:4], concurrency=2, max_tokens=max_tokens,
+                         stream=True, prefix="warm"))
+        t0 = time.monotonic()
+        answers = run(complete_all(router.url, prompts, concurrency=concurrency,
+                                   max_tokens=max_tokens, stream=True, prefix="bench"))
+        wall = time.monotonic() - t0
+        ok = [a for a in answers if a.ok and a.ttft_s is not None]
+        ttft = [a.ttft_s for a in ok]
+        e2e = [a.latency_s for a in ok]
+        return {
+            "config": label,
+            "requests": len(answers),
+            "ok": len(ok),
+            "ttft_p50_ms": 1000 * statistics.median(ttft),
+            "ttft_p99_ms": 1000 * pct(ttft, 0.99),
+            "e2e_p50_ms": 1000 * statistics.median(e2e),
+            "e2e_p99_ms": 1000 * pct(e2e, 0.99),
+            "d_step_p50_ms": (lambda v: None if v is None else 1000 * v)(
+                histogram_p50(d, "vllm:inter_token_latency_seconds")),
+            "wall_s": wall,
+        }
+    finally:
+        router.stop()
+        p.stop(grace=5)
+        d.stop(grace=5)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=120)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    model = os.environ["ENGINE_MODEL"]
+    logs = Path(os.environ.get("ENGINE_WORK", ".engine")) / "logs" / ("bench-" + time.strftime("%H%M%S"))
+    prompts = make_prompts(model, args.requests, seed=42)
+    rows = [measure(label, conn, extra, prompts, args.max_tokens, logs, model, args.concurrency)
+            for label, (conn, extra) in CONFIGS.items()]
+    print(f"\n{args.requests} requests, concurrency {args.concurrency}, {args.max_tokens} tokens "
+          "each, streamed through the float64 router (ms):\n")
+    print("| configuration | ok | TTFT p50 | TTFT p99 | e2e p50 | e2e p99 | D step p50 |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        step = "-" if r["d_step_p50_ms"] is None else f"{r['d_step_p50_ms']:.1f}"
+        print(f"| {r['config']} | {r['ok']}/{r['requests']} | {r['ttft_p50_ms']:.1f} | "
+              f"{r['ttft_p99_ms']:.1f} | {r['e2e_p50_ms']:.1f} | {r['e2e_p99_ms']:.1f} | {step} |")
+    by = {r["config"]: r for r in rows}
+    added = by["kvlease"]["ttft_p50_ms"] - by["kvlease, verification off"]["ttft_p50_ms"]
+    step = by["kvlease"]["d_step_p50_ms"]
+    print(f"\nverification adds {added:.1f} ms to TTFT p50"
+          + (f"; one D step is {step:.1f} ms (p50 inter-token latency)" if step else ""))
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "verification_adds_ms": added}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
