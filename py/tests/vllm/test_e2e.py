@@ -277,14 +277,23 @@ def test_heterogeneous_tp(nodes, transport, p_tp, d_tp):
     teardown(D, de)
 
 
-@pytest.mark.parametrize("p_conn,d_conn", [("kvlease", "stock"), ("stock", "kvlease")])
-def test_mixed_fleet(nodes, transport, p_conn, d_conn):
+@pytest.mark.parametrize(
+    "p_conn,d_conn,require",
+    [("kvlease", "stock", False), ("stock", "kvlease", False), ("stock", "kvlease", True)],
+)
+def test_mixed_fleet(nodes, transport, p_conn, d_conn, require):
     """A kvlease P with a stock vLLM D, and a stock P with a kvlease D, behave
-    as stock vLLM does; a stock P receives only vLLM's own notification forms."""
+    as stock vLLM does; a stock P receives only vLLM's own notification forms.
+    A kvlease D with ``kv_lease_require_verification`` fails the load from a
+    stock P instead (it cannot be verified): counted as a failed check, and
+    vLLM recomputes (issue 28, 3.4)."""
     P, D = nodes
-    pe, de = f"p-mix-{p_conn}-{transport}", f"d-mix-{d_conn}-{transport}"
+    tag = "-require" if require else ""
+    pe, de = f"p-mix-{p_conn}{tag}-{transport}", f"d-mix-{d_conn}{tag}-{transport}"
+    d_extra = {"kv_lease_require_verification": True} if require else {}
     P.call("setup", spec=spec(transport, pe, "P", connector=p_conn))
-    D.call("setup", spec=spec(transport, de, "D", connector=d_conn, max_num_seqs=1))
+    D.call("setup", spec=spec(transport, de, "D", connector=d_conn, max_num_seqs=1,
+                              extra=d_extra))
     blocker = D.call("local", engine=de, key=next(_keys), tokens=32, max_tokens=100000)
     key = next(_keys)
     a = P.call("prefill", engine=pe, key=key, tokens=PROMPT, timeout=30)
@@ -295,7 +304,8 @@ def test_mixed_fleet(nodes, transport, p_conn, d_conn):
     got = D.call("result", engine=de, request_id=rid, timeout=30)
     freed = P.call("wait_freed", engine=pe, request_id=a["request_id"], timeout=30)
     assert not got["timeout"] and not freed["timeout"]
-    assert got["seen"] == expected(a["prompt"]) and not got["load_failed"]
+    assert got["seen"] == expected(a["prompt"])
+    assert got["load_failed"] == require and got["recomputed"] == require
     assert freed["heartbeats"] >= 1
     notifs = P.call("notifs", engine=pe)
     read_dones = [m for m in notifs if not m.startswith(b"HB")]
@@ -306,12 +316,21 @@ def test_mixed_fleet(nodes, transport, p_conn, d_conn):
         r = prep["counters"]["rank0"]
         assert r["read_done_without_nonce"] == 1 and r["released_read"] == 1 and r["renewed"] >= 1
     else:
-        assert drep["stats_reduced"]["KV loads unverified"] == 1
+        # Exactly one load, counted once: unverified, or failed when required.
+        stats = drep["stats_reduced"]
+        assert stats["KV loads unverified"] == (0 if require else 1), stats
+        assert stats["KV lease checks failed"] == (1 if require else 0), stats
+        assert stats["KV loads verified"] == 0, stats
         assert drep["counters"]["check0"]["submitted"] == 0
     figure(
-        f"[{transport}] mixed {p_conn} P / {d_conn} D: stock behaviour, {freed['heartbeats']} "
-        f"heartbeats, read-done {read_dones[0].decode()!r}, KV correct"
-        + ("; D counted the load unverified" if d_conn == "kvlease" else "")
+        f"[{transport}] mixed {p_conn} P / {d_conn} D"
+        + (" (kv_lease_require_verification)" if require else "")
+        + f": {freed['heartbeats']} heartbeats, read-done {read_dones[0].decode()!r}, KV correct"
+        + (
+            ("; D failed the load (unverifiable) and recomputed" if require
+             else "; stock behaviour, D counted the load unverified")
+            if d_conn == "kvlease" else "; stock behaviour"
+        )
     )
     teardown(P, pe)
     teardown(D, de)

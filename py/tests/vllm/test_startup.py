@@ -18,6 +18,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
+from kvlease.errors import ConfigError
 from kvlease.vllm import KvLeaseNixlConnector
 
 
@@ -96,3 +97,30 @@ def test_verification_off_builds_nothing_of_kvlease():
     assert w._kvl_rank is None and w._kvl_checks is None
     assert type(w.xfer_stats) is NixlKVConnectorStats
     assert Agent.registered == []
+
+
+def test_d_settings_reach_the_worker():
+    w = build("kv_consumer").connector_worker
+    assert w._kvl_checks.max_peers == 256 and not w._kvl_require
+    w = build(
+        "kv_consumer", kv_lease_max_peers=7, kv_lease_require_verification=True
+    ).connector_worker
+    assert w._kvl_checks.max_peers == 7 and w._kvl_require
+
+
+@pytest.mark.parametrize(
+    "extra,key",
+    [
+        ({"kv_lease_max_peers": 0}, "kv_lease_max_peers"),
+        ({"kv_lease_max_peers": 5000}, "kv_lease_max_peers"),
+        ({"kv_lease_require_verification": "yes"}, "kv_lease_require_verification"),
+        # Requiring verification with it switched off is refused, not ignored.
+        (
+            {"kv_lease_verification": False, "kv_lease_require_verification": True},
+            "kv_lease_require_verification",
+        ),
+    ],
+)
+def test_bad_d_settings_stop_the_instance_naming_the_key(extra, key):
+    with pytest.raises(ConfigError, match=key):
+        build("kv_consumer", **extra)

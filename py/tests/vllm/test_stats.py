@@ -52,8 +52,10 @@ def test_prometheus_counters():
     s = KvLeaseConnectorStats()
     s.record_lease("kv_lease_failed_checks")
     s.record_lease("kv_lease_verified", 5)
+    s.record_lease("kv_lease_unverified", 3)
     metrics.observe(s.to_dict(), 0)
     assert reg.get_sample_value("vllm:kv_lease_verified_loads_total", {"engine": "0"}) == 5
     assert reg.get_sample_value("vllm:kv_lease_failed_checks_total", {"engine": "0"}) == 1
+    assert reg.get_sample_value("vllm:kv_lease_unverified_loads_total", {"engine": "0"}) == 3
     for _, name, _ in LEASE_KEYS.values():
         assert reg.get_sample_value(f"{name}_total", {"engine": "0"}) is not None

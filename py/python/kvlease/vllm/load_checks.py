@@ -13,17 +13,31 @@ Why a slot READ has a time limit: with UCX error handling "none" a READ
 against a dead peer may never finish; the request would wait forever. Past
 ``kv_lease_duration`` the READ counts as failed (so the load fails, and
 ``kv_load_failure_policy`` applies), never as verified.
+
+Why idle peers go: the checker has room for ``kv_lease_max_peers`` P ranks,
+and vLLM forgets a P engine only when it evicts it (an hour idle), so a fleet
+whose P engines come and go (autoscaling, restarts) would fill the table and
+every load from a new P rank would fail. A peer with no block READ, check or
+slot READ in flight is *idle*; one idle for ``kv_lease_duration`` is removed
+at the next step, and when the table is full the least recently used idle
+peer makes room at once. Its advert is kept (until vLLM forgets the engine),
+so a later READ from it adds it again. Only when every peer in a full table
+has something in flight is a new P rank refused: that load cannot be
+checked, so it fails (``refused: peer table full``), counted with the failed
+checks and in ``table_full``, never used unverified.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._native import LeaseConfig, SlotChecker, encode_read_done
-from ..errors import KvLeaseError
+from ..errors import FabricError, KvLeaseError
+from .handshake_adverts import UNKNOWN
 
 logger = logging.getLogger("vllm.kvlease.check")
 
@@ -44,6 +58,9 @@ class LeaseRead:
     reads: list[tuple[str, int, int]] = field(default_factory=list)
     #: Some READ went to a P that exports no lease slots.
     unverified: bool = False
+    #: Why its check cannot run (a P rank the checker had no room for); the
+    #: load then fails with this verdict.
+    refused: str | None = None
 
     def read_done(self, consumers: int) -> bytes:
         """The read-done for a P that advertises slots (nonce form)."""
@@ -55,20 +72,35 @@ class LoadChecks:
     """See the module docs. Times are ``time.monotonic()`` seconds."""
 
     def __init__(
-        self, config: LeaseConfig, capacity: int, max_peers: int, name: str
+        self,
+        config: LeaseConfig,
+        capacity: int,
+        max_peers: int,
+        name: str,
+        idle_after: float | None = None,
     ) -> None:
         self.checker = SlotChecker(config, capacity, max_peers, name)
         self.read_timeout = config.lease_duration
+        self.max_peers = max_peers
+        #: A peer with nothing in flight for this long is let go (module docs).
+        self.idle_after = config.lease_duration if idle_after is None else idle_after
         self._lock = threading.Lock()
         self._adverts: dict[str | bytes, tuple[int, int, int] | None] = {}
         self._peers: dict[str | bytes, tuple[int, int]] = {}
         self._peer_of: dict[int, tuple[str | bytes, int]] = {}
+        #: peer name -> when a READ from it last started (monotonic s).
+        self._last_used: dict[str | bytes, float] = {}
+        self._next_sweep = float("-inf")
+        #: Idle peers let go (after idle_after, or to make room).
+        self.evicted = 0
+        #: P ranks refused because every peer of a full table was busy.
+        self.table_full = 0
         #: Requests whose block READs are under way, by local request id.
         self.recording: dict[str, LeaseRead] = {}
         self._checking: dict[int, LeaseRead] = {}
         self._refused: list[tuple[LeaseRead, str]] = []
-        #: checker xfer -> (NIXL handle, posted at)
-        self._xfers: dict[int, tuple[Any, float]] = {}
+        #: checker xfer -> (NIXL handle, posted at, peer)
+        self._xfers: dict[int, tuple[Any, float, int]] = {}
         self._next_token = 1
 
     # -- setup ---------------------------------------------------------------
@@ -82,7 +114,7 @@ class LoadChecks:
 
     def release_reads(self, agent: Any) -> None:
         """Shutdown: releases the slot READs still in flight."""
-        for handle, _ in self._xfers.values():
+        for handle, _, _ in self._xfers.values():
             self._release(agent, handle)
         self._xfers.clear()
 
@@ -95,42 +127,113 @@ class LoadChecks:
             for key, name in agents.items():
                 self._adverts[name] = adverts.get(key)
 
-    def peer_for(self, agent_name: str | bytes) -> tuple[int, int] | None:
+    def peer_for(
+        self, agent_name: str | bytes, now: float | None = None
+    ) -> tuple[int, int] | None:
         """(checker peer, slot array base) of a P rank that advertises lease
-        slots; None for one that does not (stock vLLM)."""
+        slots, about to be read at ``now`` (monotonic seconds; the current
+        time when None); None for one that does not (stock vLLM). Raises
+        :class:`kvlease.errors.FabricError` (reason ``"Full"``) when the
+        table is full and no peer in it is idle: the caller must fail the
+        load (module docs)."""
+        if now is None:
+            now = time.monotonic()
         found = self._peers.get(agent_name)
         if found is not None:
+            self._last_used[agent_name] = now
             return found
         with self._lock:
             advert = self._adverts.get(agent_name)
         if advert is None:
             return None
+        if advert == UNKNOWN:
+            raise FabricError(
+                "kvlease: the lease advert of this P rank could not be read at "
+                "handshake; its loads cannot be checked",
+                "Unknown",
+            )
         base, _nbytes, count = advert
         # NIXL hands agent names out as bytes; the checker keys them as text.
         text = agent_name.decode("utf-8", "replace") if isinstance(agent_name, bytes) else agent_name
+        if len(self._peers) >= self.max_peers:
+            self._make_room()
         peer = self.checker.add_peer(text, count)
         self._peers[agent_name] = (peer, base)
         self._peer_of[peer] = (agent_name, base)
+        self._last_used[agent_name] = now
         return peer, base
+
+    def _make_room(self) -> None:
+        """Lets the least recently used idle peer go, or raises when none is."""
+        busy = self._busy_peers()
+        idle = [name for name, (peer, _) in self._peers.items() if peer not in busy]
+        if not idle:
+            self.table_full += 1
+            raise FabricError(
+                f"kvlease: all {self.max_peers} P ranks of the lease checker have "
+                "checks in flight (kv_lease_max_peers); this load cannot be checked",
+                "Full",
+            )
+        self._remove(min(idle, key=lambda name: self._last_used.get(name, 0.0)))
+
+    def _busy_peers(self) -> set[int]:
+        """Peers with a block READ, a check or a slot READ in flight. A scan
+        of what is in flight: run only to make room and once per sweep."""
+        busy = {peer for _, peer, _ in self._all_reads()}
+        busy.update(peer for _, _, peer in self._xfers.values())
+        return busy
+
+    def _all_reads(self):
+        for lease in self.recording.values():
+            yield from lease.reads
+        for lease in self._checking.values():
+            yield from lease.reads
+        for lease, _ in self._refused:
+            yield from lease.reads
+
+    def _sweep(self, now: float) -> None:
+        """Lets go of every peer idle for ``idle_after`` (module docs)."""
+        self._next_sweep = now + self.idle_after
+        if not self._peers:
+            return
+        busy = self._busy_peers()
+        cutoff = now - self.idle_after
+        for name, (peer, _) in list(self._peers.items()):
+            if peer not in busy and self._last_used.get(name, now) <= cutoff:
+                self._remove(name)
+
+    def _remove(self, name: str | bytes, idle: bool = True) -> None:
+        found = self._peers.pop(name, None)
+        self._last_used.pop(name, None)
+        if found is None:
+            return
+        self.evicted += idle
+        self._peer_of.pop(found[0], None)
+        try:
+            self.checker.remove_peer(found[0])
+        except KvLeaseError:
+            logger.debug("kvlease: removing peer %s failed", name, exc_info=True)
+
+    @property
+    def peers(self) -> int:
+        """P ranks in the checker's table now."""
+        return len(self._peers)
 
     def forget(self, agent_names: list[str | bytes]) -> None:
         """P ranks whose agents vLLM removed (engine evicted or replaced)."""
         for name in agent_names:
             with self._lock:
                 self._adverts.pop(name, None)
-            found = self._peers.pop(name, None)
-            if found is not None:
-                self._peer_of.pop(found[0], None)
-                try:
-                    self.checker.remove_peer(found[0])
-                except KvLeaseError:
-                    logger.debug("kvlease: removing peer %s failed", name, exc_info=True)
+            self._remove(name, idle=False)
 
     # -- checks -----------------------------------------------------------------
 
     def submit(self, lease: LeaseRead) -> None:
         """Every block READ of ``lease`` completed: check its slot on every P
         rank it read from."""
+        if lease.refused is not None:
+            self._refused.append((lease, lease.refused))
+            return
         token = self._next_token
         self._next_token += 1
         peers = sorted({peer for _, peer, _ in lease.reads})
@@ -148,6 +251,8 @@ class LoadChecks:
         finishes at once) decides again. Returns ``(lease, verdict)``."""
         out = self._refused
         self._refused = []
+        if now >= self._next_sweep:
+            self._sweep(now)
         for _ in range(2):
             self._poll(agent, now)
             for token, verdict in self.checker.step(now):
@@ -182,12 +287,12 @@ class LoadChecks:
                 self._release(agent, handle)
                 self.checker.complete(xfer, False, "ERR")
                 continue
-            self._xfers[xfer] = (handle, now)
+            self._xfers[xfer] = (handle, now, peer)
             posted = True
         return posted
 
     def _poll(self, agent: Any, now: float) -> None:
-        for xfer, (handle, posted_at) in list(self._xfers.items()):
+        for xfer, (handle, posted_at, _peer) in list(self._xfers.items()):
             try:
                 state = agent.check_xfer_state(handle)
             except Exception as e:

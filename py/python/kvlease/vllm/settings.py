@@ -8,7 +8,9 @@ NIXL.
 ``kv_lease_verification: false`` means "exactly stock vLLM": nothing of
 kvlease is built, so every override of the connector falls through to vLLM's
 own code. The value is then taken as vLLM would (no kvlease validation of the
-other keys either: stock vLLM accepts, e.g., a ``kv_lease_duration`` under 6 s).
+other keys either: stock vLLM accepts, e.g., a ``kv_lease_duration`` under 6 s),
+except ``kv_lease_require_verification``: requiring verification while
+switching it off is refused at start (``ConfigError``), not silently dropped.
 """
 
 from __future__ import annotations
@@ -50,11 +52,14 @@ def lease_settings(vllm_config: Any, kv_cache_config: Any) -> LeaseSettings | No
     verifying instance must not start half-configured."""
     ktc = vllm_config.kv_transfer_config
     extra = dict(ktc.kv_connector_extra_config or {})
-    if not verification_requested(extra):
-        return None
-    role = ktc.kv_role
     num_blocks = int(getattr(kv_cache_config, "num_blocks", 0) or 0)
     max_num_seqs = int(vllm_config.scheduler_config.max_num_seqs)
+    if not verification_requested(extra):
+        if extra.get("kv_lease_require_verification", False) is not False:
+            # Raises: the library refuses the contradiction by the key's name.
+            LeaseConfig.parse(extra, num_blocks, max_num_seqs)
+        return None
+    role = ktc.kv_role
     config = LeaseConfig.parse(extra, num_blocks, max_num_seqs)
     odd = [k for k in config.unknown_keys if k.startswith("kv_lease")]
     if odd:

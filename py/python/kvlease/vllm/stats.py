@@ -61,13 +61,14 @@ LEASE_KEYS: dict[str, tuple[str, str, str]] = {
         "KV lease checks failed",
         "vllm:kv_lease_failed_checks",
         "D: KV loads failed by the lease check (lapsed lease, missing lease "
-        "fields, failed slot READ); kv_load_failure_policy applied.",
+        "fields, failed slot READ, no room in the checker, or a P without lease "
+        "slots under kv_lease_require_verification); kv_load_failure_policy applied.",
     ),
     "kv_lease_unverified": (
         "KV loads unverified",
         "vllm:kv_lease_unverified_loads",
         "D: KV loads from a P that exports no lease slots (stock vLLM), used as "
-        "stock vLLM uses them.",
+        "stock vLLM uses them (kv_lease_require_verification off).",
     ),
 }
 

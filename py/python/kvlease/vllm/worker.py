@@ -28,7 +28,12 @@ form. After a failed check they go out too: the nonce makes them no-ops on a
 P whose lease lapsed, and they free the blocks at once on a P that still
 holds them (a load that failed for missing lease fields or a failed slot
 READ). A P that advertises no slots (stock vLLM) is read exactly as vLLM
-reads it, and its loads are counted unverified.
+reads it, and its loads are counted unverified; with
+``kv_lease_require_verification`` such a load fails instead (the seed's
+rule: a pull that cannot be verified fails), counted with the failed checks.
+
+The per-request warnings are rate-limited (``log_limit.py``); the counters
+count every event.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from .._native import decode_lease_advert
 from ..errors import KvLeaseError
 from .compat import check_vllm_version
 from .load_checks import LeaseRead, LoadChecks
+from .log_limit import RateLimitedLog
 from .metadata import STEP_ATTR, KvLeaseHandshakePayload, LeaseReports
 from .rank_leases import RankLeases
 from .read_gate import HeldReadDones
@@ -61,8 +67,6 @@ from .stats import KvLeaseConnectorStats
 
 logger = logging.getLogger("vllm.kvlease.worker")
 
-#: Distinct P ranks one D worker checks against (checker capacity).
-MAX_PEERS = 256
 #: How long the advert query of a handshake waits for P's side channel (ms).
 ADVERT_QUERY_TIMEOUT_MS = 5000
 
@@ -78,6 +82,11 @@ class KvLeaseWorker(NixlPullConnectorWorker):
     # Class defaults: an instance that skipped __init__ is vLLM's worker.
     _kvl_rank: RankLeases | None = None
     _kvl_checks: LoadChecks | None = None
+    #: kv_lease_require_verification: fail loads from a P without lease slots.
+    _kvl_require: bool = False
+    #: Shared by instances built without __init__ (tests); __init__ gives
+    #: each worker its own.
+    _kvl_log: RateLimitedLog = RateLimitedLog(logger)
 
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
         check_vllm_version()
@@ -88,6 +97,7 @@ class KvLeaseWorker(NixlPullConnectorWorker):
             return
         now = _now()
         self.xfer_stats = KvLeaseConnectorStats()
+        self._kvl_log = RateLimitedLog(logger)
         if settings.producer and self.pcp_size > 1:
             logger.warning(
                 "kvlease: prefill context parallelism is not supported; this engine "
@@ -117,7 +127,10 @@ class KvLeaseWorker(NixlPullConnectorWorker):
                 vllm_config.scheduler_config.max_num_seqs
             )
             checks = LoadChecks(
-                settings.config, capacity, MAX_PEERS, f"kvlease-d-{self.tp_rank}"
+                settings.config,
+                capacity,
+                settings.config.max_peers,
+                f"kvlease-d-{self.tp_rank}",
             )
             try:
                 checks.register_landing(self.nixl_wrapper, self.nixl_backends)
@@ -128,7 +141,13 @@ class KvLeaseWorker(NixlPullConnectorWorker):
                     "not start (set kv_lease_verification to false to run as stock vLLM)"
                 ) from e
             self._kvl_checks = checks
-            logger.info("kvlease: D verifies KV loads (up to %d checks at once)", capacity)
+            self._kvl_require = settings.config.require_verification
+            logger.info(
+                "kvlease: D verifies KV loads (up to %d checks at once, %d P ranks%s)",
+                capacity,
+                settings.config.max_peers,
+                "; loads from a P without lease slots fail" if self._kvl_require else "",
+            )
 
     def _kvl_pp_rank(self) -> int:
         if self.pp_size <= 1:
@@ -235,10 +254,15 @@ class KvLeaseWorker(NixlPullConnectorWorker):
             return super()._read_blocks(**kwargs)
         agent_name = self._remote_agents[dst_engine_id][(0, read_spec.remote_rank)]
         try:
-            peer = checks.peer_for(agent_name)
+            peer = checks.peer_for(agent_name, _now())
         except KvLeaseError as e:
-            # Cannot track this P rank (checker full): fail closed, and say so.
-            logger.error("kvlease: cannot check P agent %s: %s", agent_name, e)
+            # No room to check this P rank (every peer of a full table busy):
+            # the READ goes on with its read-done held, and the load fails
+            # (never used unchecked), counted at the verdict.
+            lease.refused = f"refused: peer table full ({e.reason})"
+            self._kvl_log.error(
+                "peer_table_full", "kvlease: cannot check P agent %s: %s", agent_name, e
+            )
             peer = (-1, 0)
         if peer is None:
             # P exports no lease slots (stock vLLM): read as vLLM reads.
@@ -274,6 +298,17 @@ class KvLeaseWorker(NixlPullConnectorWorker):
             lease = checks.recording.pop(rid, None)
             if lease is None or rid in results.failed_recving:
                 continue  # vLLM's own failure path: nothing was verified
+            if lease.unverified and self._kvl_require:
+                # A P without lease slots (stock vLLM), and this D requires
+                # every load verified: the seed's rule, the load fails.
+                self._kvl_load_failed(
+                    results,
+                    lease,
+                    "unverifiable: P advertises no lease slots, and "
+                    "kv_lease_require_verification is on",
+                )
+                self._kvl_send_read_dones(lease)
+                continue
             if not lease.reads:
                 if lease.unverified:
                     self.xfer_stats.record_lease("kv_lease_unverified")
@@ -286,24 +321,39 @@ class KvLeaseWorker(NixlPullConnectorWorker):
             if verdict == "verified":
                 self.xfer_stats.record_lease("kv_lease_verified")
             else:
-                results.failed_recving.add(rid)
-                if lease.blocks is not None:
-                    self._invalid_block_ids.put(set(lease.blocks))
-                self.xfer_stats.record_lease("kv_lease_failed_checks")
-                logger.warning(
-                    "kvlease: KV load of request %s (P request %s) failed its lease "
-                    "check (%s): the KV is not used; kv_load_failure_policy applies",
-                    rid,
-                    lease.remote_request_id,
-                    verdict,
-                )
-            for agent_name, _peer, consumers in lease.reads:
-                try:
-                    self.nixl_wrapper.send_notif(agent_name, notif_msg=lease.read_done(consumers))
-                except Exception as e:
-                    logger.warning("kvlease: read-done to %s failed: %s", agent_name, e)
-                    self.xfer_stats.record_failed_notification()
+                self._kvl_load_failed(results, lease, verdict)
+            self._kvl_send_read_dones(lease)
         return results
+
+    def _kvl_load_failed(
+        self, results: KVConnectorTransferResults, lease: LeaseRead, why: str
+    ) -> None:
+        """Reports the load of ``lease`` failed (its blocks invalid, so
+        ``kv_load_failure_policy`` applies) and counts it."""
+        rid = lease.request_id
+        results.failed_recving.add(rid)
+        if lease.blocks is not None:
+            self._invalid_block_ids.put(set(lease.blocks))
+        self.xfer_stats.record_lease("kv_lease_failed_checks")
+        self._kvl_log.warning(
+            "failed_check",
+            "kvlease: KV load of request %s (P request %s) failed its lease "
+            "check (%s): the KV is not used; kv_load_failure_policy applies",
+            rid,
+            lease.remote_request_id,
+            why,
+        )
+
+    def _kvl_send_read_dones(self, lease: LeaseRead) -> None:
+        """The read-dones held for the verdict, in the nonce form."""
+        for agent_name, _peer, consumers in lease.reads:
+            try:
+                self.nixl_wrapper.send_notif(agent_name, notif_msg=lease.read_done(consumers))
+            except Exception as e:
+                self.xfer_stats.record_failed_notification()
+                self._kvl_log.warning(
+                    "read_done_failed", "kvlease: read-done to %s failed: %s", agent_name, e
+                )
 
     def _get_new_notifs(self) -> set[str]:
         rank = self._kvl_rank
@@ -339,7 +389,10 @@ class KvLeaseWorker(NixlPullConnectorWorker):
         req_id, consumers = parsed
         if req_id not in self._reqs_to_send and req_id not in self._reqs_to_process:
             self.xfer_stats.record_notification_after_expiry()
-            logger.error(
+            # vLLM's line, rate-limited: late read-dones come in bursts when
+            # leases lapse under load.
+            self._kvl_log.error(
+                "after_expiry",
                 "Potentially invalid KV blocks for unrecognized request %s were "
                 "retrieved by a decode worker. They may have expired.",
                 req_id,
