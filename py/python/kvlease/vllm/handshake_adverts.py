@@ -1,0 +1,140 @@
+"""The lease adverts of the P ranks a D worker handshakes with, read from
+the replies of vLLM's own handshake.
+
+Owns: capturing the reply payloads of vLLM's ``_nixl_handshake`` (one per P
+rank it queried) and decoding each one's advert; the fallback query when the
+replies could not be captured; and the outcome of each: an advert, ``None``
+(a P that exports no lease slots: stock vLLM), or :data:`UNKNOWN` (the advert
+could not be read). May not fail a handshake: vLLM's handshake result is
+vLLM's, and a missing advert costs only the verification of that P rank
+(``load_checks.py`` fails closed the loads that carry lease fields from it).
+
+Why capture instead of asking again: a P worker's advert already rides in
+the payload its listener sends back for vLLM's ``GET_META`` query
+(``metadata.KvLeaseHandshakePayload``), but vLLM decodes that payload into its
+own class, which drops the field. Asking P's listener a second time costs a
+round trip per P rank on the handshake thread, and under load that listener
+(a thread of P's busy EngineCore) can take seconds to answer: on a 2-core
+machine the second query timed out after 5 s and failed the whole handshake
+(docs/vllm.md, finding 6). Here vLLM's handshake runs with the module's
+``zmq_ctx`` wrapped for the current thread only, so the very bytes vLLM
+received are decoded once more with our payload class; nothing else about
+the handshake changes.
+
+The wrapper is installed once per process (``install``) and is inert on
+every thread that is not inside :func:`recording`: vLLM's own use of
+``zmq_ctx`` elsewhere gets the original socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import msgspec
+import zmq
+
+from .._native import decode_lease_advert
+from .metadata import KvLeaseHandshakePayload
+
+logger = logging.getLogger("vllm.kvlease.handshake")
+
+#: An advert that could not be read (neither captured nor queried).
+UNKNOWN = "unknown"
+#: How long the fallback query waits for P's side channel (ms).
+QUERY_TIMEOUT_MS = 5000
+
+_local = threading.local()
+_DECODER = msgspec.msgpack.Decoder(KvLeaseHandshakePayload)
+
+
+class _ReplyRecorder:
+    """A ZMQ socket that keeps the first frame of every multipart reply."""
+
+    def __init__(self, sock: Any, replies: list[bytes]) -> None:
+        self._sock = sock
+        self._replies = replies
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+    def recv_multipart(self, *args: Any, **kwargs: Any) -> list:
+        parts = self._sock.recv_multipart(*args, **kwargs)
+        self._replies.append(bytes(parts[0]) if parts else b"")
+        return parts
+
+
+def install(module: Any) -> None:
+    """Wraps ``module.zmq_ctx`` (vLLM's NIXL worker module) so that sockets
+    opened inside :func:`recording` keep their replies. Idempotent."""
+    original = getattr(module, "zmq_ctx", None)
+    if original is None or getattr(original, "_kvlease_recording", False):
+        return
+
+    @contextmanager
+    def zmq_ctx(socket_type: Any, addr: str) -> Iterator[Any]:
+        with original(socket_type, addr) as sock:
+            replies = getattr(_local, "replies", None)
+            yield sock if replies is None else _ReplyRecorder(sock, replies)
+
+    zmq_ctx._kvlease_recording = True  # type: ignore[attr-defined]
+    zmq_ctx.__wrapped__ = original  # type: ignore[attr-defined]
+    module.zmq_ctx = zmq_ctx
+
+
+@contextmanager
+def recording() -> Iterator[list[bytes]]:
+    """Keeps the replies received on this thread inside the block."""
+    _local.replies = []
+    try:
+        yield _local.replies
+    finally:
+        _local.replies = None
+
+
+def decode(payload: bytes) -> tuple[int, int, int] | None | str:
+    """The advert in one handshake payload: ``(base, nbytes, count)``, None
+    when the payload has none (stock P), :data:`UNKNOWN` when it does not
+    decode (never raises: the payload is outside input)."""
+    try:
+        advert = _DECODER.decode(payload).kv_lease_advert
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return UNKNOWN
+    if not advert:
+        return None
+    try:
+        return decode_lease_advert(advert)
+    except Exception:
+        return UNKNOWN
+
+
+def from_replies(keys: list[tuple[int, int]], replies: list[bytes]) -> dict | None:
+    """Adverts by ``(pp, tp)`` rank from the captured replies, which vLLM
+    received in the order of ``keys`` (the order of its result dict). None
+    when the capture does not match (vLLM read its replies another way)."""
+    if len(replies) != len(keys):
+        return None
+    return {key: decode(payload) for key, payload in zip(keys, replies)}
+
+
+def query(host: str, port: int, keys: list[tuple[int, int]], base_worker: Any,
+          get_meta: Any) -> dict:
+    """The fallback: asks P's side channel again for each rank's payload.
+    Never raises; a rank whose reply does not come is :data:`UNKNOWN`."""
+    out: dict = {}
+    path = base_worker.make_zmq_path("tcp", host, port)
+    try:
+        with base_worker.zmq_ctx(zmq.REQ, path) as sock:
+            sock.setsockopt(zmq.RCVTIMEO, QUERY_TIMEOUT_MS)
+            for key in keys:
+                sock.send(msgspec.msgpack.encode((get_meta, key[0], key[1])))
+                out[key] = decode(bytes(sock.recv_multipart()[0]))
+    except Exception as e:  # a timeout, a closed listener: verification only
+        logger.warning("kvlease: could not read the lease advert of %s:%d (%s): loads "
+                       "from it that carry lease fields fail closed", host, port, e)
+    for key in keys:
+        out.setdefault(key, UNKNOWN)
+    return out
