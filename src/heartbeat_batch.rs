@@ -53,8 +53,9 @@ pub(crate) mod sealed {
 }
 
 /// One P engine and its tracked requests, as the heartbeat sender needs
-/// them. See the module docs; implemented by [`crate::consumer::EngineBatch`] and
-/// [`crate::ipc::plan::PlanEngine`] only.
+/// them. See the module docs; implemented by
+/// [`crate::consumer::EngineBatch`] and [`crate::ipc::plan::PlanEngine`]
+/// only.
 pub trait HeartbeatBatch: sealed::Sealed {
     /// The engine's handle in the tracker that planned it.
     fn handle(&self) -> EngineHandle;
