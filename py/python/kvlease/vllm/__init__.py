@@ -21,6 +21,10 @@ from .connector import KvLeaseNixlConnector  # noqa: E402
 from .scheduler import KvLeaseScheduler  # noqa: E402
 from .stats import KvLeaseConnectorStats, KvLeasePromMetrics  # noqa: E402
 from .worker import KvLeaseWorker  # noqa: E402
+from .composition import register_by_name  # noqa: E402
+
+# MultiConnector rebuilds a child's stats by its class name (composition.py).
+register_by_name("KvLeaseNixlConnector", __name__)
 
 __all__ = [
     "KvLeaseNixlConnector",

@@ -28,6 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
 )
 
 from .compat import check_vllm_version
+from .composition import refuse_multi_connector_on_p
 from .scheduler import KvLeaseScheduler
 from .stats import KvLeaseConnectorStats, KvLeasePromMetrics
 from .worker import KvLeaseWorker
@@ -49,6 +50,12 @@ class KvLeaseNixlConnector(NixlPullConnector):
         elif role == KVConnectorRole.WORKER:
             self.connector_scheduler = None
             self.connector_worker = KvLeaseWorker(vllm_config, self.engine_id, kv_cache_config)
+
+    def register_kv_caches(self, kv_caches: Any) -> None:
+        worker = self.connector_worker
+        if isinstance(worker, KvLeaseWorker) and worker.kvl_holds_leases():
+            refuse_multi_connector_on_p(self)
+        super().register_kv_caches(kv_caches)
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         worker = self.connector_worker

@@ -70,6 +70,12 @@ LEASE_KEYS: dict[str, tuple[str, str, str]] = {
         "D: KV loads from a P that exports no lease slots (stock vLLM), used as "
         "stock vLLM uses them (kv_lease_require_verification off).",
     ),
+    "kv_lease_advert_unknown": (
+        "KV lease adverts unreadable",
+        "vllm:kv_lease_advert_unknown",
+        "D: P ranks whose lease advert could not be read at handshake; loads from "
+        "them fail closed (kv_load_failure_policy applies).",
+    ),
 }
 
 

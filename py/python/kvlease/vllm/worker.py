@@ -42,8 +42,6 @@ import logging
 import time
 from typing import Any
 
-import msgspec
-import zmq
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (
     GET_META_MSG,
@@ -54,8 +52,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 
-from .._native import decode_lease_advert
 from ..errors import KvLeaseError
+from . import handshake_adverts
 from .compat import check_vllm_version
 from .load_checks import LeaseRead, LoadChecks
 from .log_limit import RateLimitedLog
@@ -67,8 +65,6 @@ from .stats import KvLeaseConnectorStats
 
 logger = logging.getLogger("vllm.kvlease.worker")
 
-#: How long the advert query of a handshake waits for P's side channel (ms).
-ADVERT_QUERY_TIMEOUT_MS = 5000
 
 
 def _now() -> float:
@@ -141,6 +137,7 @@ class KvLeaseWorker(NixlPullConnectorWorker):
                     "not start (set kv_lease_verification to false to run as stock vLLM)"
                 ) from e
             self._kvl_checks = checks
+            handshake_adverts.install(base_worker)
             self._kvl_require = settings.config.require_verification
             logger.info(
                 "kvlease: D verifies KV loads (up to %d checks at once, %d P ranks%s)",
@@ -179,18 +176,25 @@ class KvLeaseWorker(NixlPullConnectorWorker):
         remote_pp_size: int = 1,
         notif_agents_only: bool = False,
     ) -> tuple[dict[tuple[int, int], str], float]:
-        agents, offset = super()._nixl_handshake(
-            host,
-            port,
-            remote_tp_size,
-            expected_engine_id,
-            remote_dcp_size,
-            remote_pp_size,
-            notif_agents_only,
-        )
+        args = (host, port, remote_tp_size, expected_engine_id, remote_dcp_size,
+                remote_pp_size, notif_agents_only)
         checks = self._kvl_checks
-        if checks is not None and not notif_agents_only and agents:
-            checks.record_adverts(agents, _query_adverts(host, port, list(agents)))
+        if checks is None or notif_agents_only:
+            return super()._nixl_handshake(*args)
+        # The adverts ride in the replies vLLM's handshake receives
+        # (handshake_adverts.py): no second round trip, and no way for a
+        # missing advert to fail vLLM's handshake.
+        with handshake_adverts.recording() as replies:
+            agents, offset = super()._nixl_handshake(*args)
+        if agents:
+            keys = list(agents)
+            adverts = handshake_adverts.from_replies(keys, replies)
+            if adverts is None:
+                adverts = handshake_adverts.query(host, port, keys, base_worker, GET_META_MSG)
+            unknown = sum(a == handshake_adverts.UNKNOWN for a in adverts.values())
+            if unknown:
+                self.xfer_stats.record_lease("kv_lease_advert_unknown", unknown)
+            checks.record_adverts(agents, adverts)
         return agents, offset
 
     def _cleanup_remote_engine(self, engine_id: str, *, log_eviction: bool = True) -> None:
@@ -422,6 +426,10 @@ class KvLeaseWorker(NixlPullConnectorWorker):
         # refused one); it returns at once on an empty dict.
         super()._reap_expired_send_leases(done_sending)
 
+    def kvl_holds_leases(self) -> bool:
+        """Whether this worker holds P leases (a kvlease P rank)."""
+        return self._kvl_rank is not None
+
     def kvl_worker_meta(self) -> LeaseReports | None:
         """This step's lease reports for the scheduler (None when none)."""
         rank = self._kvl_rank
@@ -456,27 +464,3 @@ def _parse_read_done(msg: bytes) -> tuple[str, int] | None:
     consumers = int(count)
     return (req_id, consumers) if consumers > 0 else None
 
-
-def _query_adverts(
-    host: str, port: int, keys: list[tuple[int, int]]
-) -> dict[tuple[int, int], tuple[int, int, int] | None]:
-    """Asks P's side channel again for the payload of each ``(pp, tp)`` rank
-    and reads its lease advert. vLLM's handshake decodes the payload into its
-    own class, which drops the advert, so D reads it from a second reply of
-    the same listener, through the same helpers vLLM's handshake uses (looked
-    up in vLLM's worker module at call time). A P without an advert (stock
-    vLLM) gives None; a failed query raises, failing the handshake as vLLM's
-    own failures do."""
-    decoder = msgspec.msgpack.Decoder(KvLeaseHandshakePayload)
-    out: dict[tuple[int, int], tuple[int, int, int] | None] = {}
-    path = base_worker.make_zmq_path("tcp", host, port)
-    with base_worker.zmq_ctx(zmq.REQ, path) as sock:
-        sock.setsockopt(zmq.RCVTIMEO, ADVERT_QUERY_TIMEOUT_MS)
-        for key in keys:
-            pp_rank, tp_rank = key
-            sock.send(msgspec.msgpack.encode((GET_META_MSG, pp_rank, tp_rank)))
-            parts = sock.recv_multipart()
-            payload = decoder.decode(parts[0])
-            advert = payload.kv_lease_advert
-            out[key] = decode_lease_advert(advert) if advert else None
-    return out
