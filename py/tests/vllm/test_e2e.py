@@ -458,7 +458,9 @@ def test_rescheduled_request_lapses_and_a_late_read_done_leaves_p_running(nodes,
     assert prep["stats_data"]["num_notifications_after_expiry"] == 1, prep["stats_data"]
     assert prep["counters"]["scheduler"]["expired"] == 1
     figure(
-        f"[{transport}] B {how}ed and scheduled again on P: kept out of vLLM's worker "
+        f"[{transport}] B preempted on P "
+        f"({'cache pressure' if how == 'preempt' else 'reset_prefix_cache'}) and scheduled "
+        f"again: kept out of vLLM's worker "
         f"tracking; its lease lapsed, D's late read-done was counted after expiry, "
         f"P kept running"
     )
