@@ -683,6 +683,8 @@ def _literal(node: ast.expr | None) -> Any:
 def _compare_parameters(func: Any, sig: str, drop_first: bool) -> list[str]:
     import inspect
 
+    if isinstance(func, property):
+        func = func.fget  # a property's parameters are its getter's: (self)
     try:
         actual = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError) as e:
@@ -773,6 +775,8 @@ def check_imported(entry: Entry, version: str, tree_version: str | None) -> list
             problems.append(f"{member} is no longer a classmethod")
         if "@staticmethod" in want and not isinstance(raw, staticmethod):
             problems.append(f"{member} is no longer a staticmethod")
+        if "@property" in want and not isinstance(raw, property):
+            problems.append(f"{member} is no longer a property")
         problems += _compare_parameters(func, want, drop_first=False)
         return problems
     # attribute, or a class-level constant (an enum member)
