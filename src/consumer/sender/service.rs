@@ -105,12 +105,13 @@ impl<F: Fabric, A: PeerAddress> HeartbeatSender<F, A> {
                     PeerStatus::Failed { retry_at, .. } => {
                         now >= retry_at && !self.redial(e, j, now)
                     }
-                    // Started in this step: not polled yet (a handshake
-                    // answers at a later step). A first handshake gets one
-                    // more plan, so that a quick one sends at the next step;
-                    // a retry (failures > 0) does not: an unreachable rank
-                    // would cost two plans per retry. Either is then polled
-                    // here, without plans, until it answers.
+                    // Started in this step (by a plan's batch): not polled
+                    // yet (a handshake answers at a later step). A first
+                    // handshake gets one more plan, so that a quick one
+                    // sends at the next step; a retry (failures > 0) does
+                    // not: an unreachable rank would cost a plan per retry.
+                    // Either is then polled here, without plans, until it
+                    // answers.
                     PeerStatus::Pending(_) if peer.started_epoch == self.epoch => {
                         peer.failures == 0
                     }

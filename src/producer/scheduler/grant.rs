@@ -3,9 +3,9 @@
 //! directive that tells the ranks.
 //!
 //! This file owns the scheduler's side of those three calls and what they
-//! hand the engine ([`Assignment`], [`Grant`]). It never counts a rank as
-//! having let go: reports (`reports.rs`) and lost ranks (`lost_ranks.rs`)
-//! do that.
+//! hand the engine ([`Assignment`], [`Grant`]). The only let-go it records
+//! is a lost rank's, for a lease granted while that rank is lost; the
+//! ranks' own let-gos are `reports.rs`'s, and losses `lost_ranks.rs`'s.
 
 use super::*;
 
