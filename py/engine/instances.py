@@ -40,6 +40,10 @@ COMMON_FLAGS = [
     "--no-enable-prefix-caching",
 ]
 
+#: The pause of NIXL's progress thread between progress calls, in
+#: microseconds (0: NIXL's own busy loop).
+NIXL_PROGRESS_DELAY_US = 1000
+
 #: How long an instance may take to answer /health after it starts.
 START_TIMEOUT_S = 240.0
 
@@ -132,6 +136,10 @@ class Instance:
             VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.side_channel_port),
             VLLM_LOGGING_LEVEL=env.get("ENGINE_LOG_LEVEL", "INFO"),
             PYTHONUNBUFFERED="1",
+            # NIXL's progress thread spins a core per agent otherwise
+            # (plugins/kvlease_engine_plugins.py); "0" keeps NIXL's own.
+            KVLEASE_ENGINE_NIXL_PROGRESS_DELAY_US=env.get(
+                "ENGINE_NIXL_PROGRESS_DELAY_US", str(NIXL_PROGRESS_DELAY_US)),
         )
         env.update(self.spec.env)
         return env

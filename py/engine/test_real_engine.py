@@ -36,12 +36,13 @@ INTERVAL = LEASE // 6
 EXTENSION = LEASE * 2 // 3
 EXTRA = {"kv_lease_duration": int(LEASE)}
 #: P's KV cache in blocks of 32 tokens: small, so freed blocks are reused at
-#: once (the late-arrival and soak controls need that), big enough for the
-#: overload case's queue (24 short prompts of 2 blocks).
-P_BLOCKS = 64
-#: P prefills in chunks of 64 tokens, so concurrent long prompts run out of
-#: blocks mid-prefill and vLLM preempts them (the preemption case).
-P_ARGS = ["--max-num-batched-tokens", "64"]
+#: once (the late-arrival and soak controls need that), and smaller than four
+#: long prompts (the preemption case: 4 running x 13 blocks > 40).
+P_BLOCKS = 40
+#: P prefills up to four requests at once in chunks of 32 tokens, so
+#: concurrent long prompts run out of blocks mid-prefill and vLLM preempts
+#: them (the preemption case).
+P_ARGS = ["--max-num-batched-tokens", "128", "--long-prefill-token-threshold", "32"]
 
 
 def p_spec(connector: str, tp: int = 1, **kw) -> InstanceSpec:
@@ -51,7 +52,8 @@ def p_spec(connector: str, tp: int = 1, **kw) -> InstanceSpec:
 
 
 def d_spec(connector: str, **kw) -> InstanceSpec:
-    return InstanceSpec(name=f"d-{connector}", connector=connector, extra=dict(EXTRA), **kw)
+    name = f"d-{connector}" + (f"-{kw['num_blocks']}blocks" if "num_blocks" in kw else "")
+    return InstanceSpec(name=name, connector=connector, extra=dict(EXTRA), **kw)
 
 
 REF = InstanceSpec(name="ref")
@@ -107,12 +109,26 @@ def compare(answers: list[Answer], reference: list[str]) -> dict[str, int]:
             "http_errors": failed}
 
 
-def d_counters(d) -> dict[str, float]:
-    """D's kvlease counters (0 on a stock D, which exports none)."""
+def d_counters(d, settle: bool = True) -> dict[str, float]:
+    """D's kvlease counters (0 on a stock D, which exports none), read once
+    they stopped moving: a step's stats reach /metrics with the engine's next
+    output batch, a moment after the answer that step produced."""
+    last = None
+    for _ in range(20 if settle else 1):
+        now = _d_counters_once(d)
+        if now == last:
+            break
+        last = now
+        time.sleep(0.5)
+    return last
+
+
+def _d_counters_once(d) -> dict[str, float]:
     out = {}
     for key, metric in (("verified", "vllm:kv_lease_verified_loads_total"),
                         ("failed_checks", "vllm:kv_lease_failed_checks_total"),
-                        ("unverified", "vllm:kv_lease_unverified_loads_total")):
+                        ("unverified", "vllm:kv_lease_unverified_loads_total"),
+                        ("failed_transfers", "vllm:nixl_num_failed_transfers_total")):
         try:
             out[key] = d.metric(metric)
         except KeyError:
@@ -356,6 +372,8 @@ def test_p_killed_mid_flight_d_fails_those_loads_and_serves_on(fleet, sets, reco
     figures = compare(answers, reference)
     figures["took_s"] = round(took, 1)
     figures["failed_checks"] = after["failed_checks"] - before["failed_checks"]
+    # P's death fails vLLM's own READs (a failed transfer, recomputed).
+    figures["failed_transfers"] = after["failed_transfers"] - before["failed_transfers"]
     # A new P (new engine id); the same D serves what follows.
     fleet.ensure(p=p_spec("kvlease"), d=d_spec("kvlease"))
     more = run(complete_all(fleet.router("float64").url, sets["after"].prompts, concurrency=4,
@@ -364,6 +382,8 @@ def test_p_killed_mid_flight_d_fails_those_loads_and_serves_on(fleet, sets, reco
     figures["d_crashes"] = len(fleet.check_crashes())
     record.write("P killed mid-flight", "kvlease", **figures)
     assert figures["texts_equal"] == len(prompts), figures
+    assert figures["failed_checks"] + figures["failed_transfers"] >= 1, (
+        f"no load failed after P died: the case tested nothing ({figures})")
     assert figures["after_equal"] == len(sets["after"].prompts), figures
     assert figures["d_crashes"] == 0, figures
 
@@ -372,7 +392,10 @@ def test_d_killed_p_reclaims_within_the_bound(fleet, sets, record):
     """Requests queued on D (long decodes), D SIGKILLed: P's KV usage (its
     /metrics) returns to its baseline within max(lease, extension +
     interval) plus a step."""
-    fleet.ensure(p=p_spec("kvlease"), d=d_spec("kvlease"))
+    # A D with a small KV cache (24 blocks: one or two of these requests at a
+    # time), so the others wait in D's queue, heartbeated, their blocks held
+    # on P; a D with room for all of them would read them at once.
+    fleet.ensure(p=p_spec("kvlease"), d=d_spec("kvlease", num_blocks=24))
     p = fleet.running["p"]
     router = fleet.router("float64")
     ps = sets["kill"]

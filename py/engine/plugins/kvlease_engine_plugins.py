@@ -1,9 +1,14 @@
 """vLLM general plugins for the real-engine cases (entry point group
 ``vllm.general_plugins``, installed into .venv-engine by py/engine/env.sh).
 
-Owns: turning async scheduling back on in vLLM's CPU engine, when
-``KVLEASE_ENGINE_ASYNC_SCHEDULING=1``. Nothing else; with the variable unset
-the plugin changes nothing, so every other case runs stock vLLM.
+Owns two test-environment switches, each off unless its variable is set:
+
+- ``KVLEASE_ENGINE_ASYNC_SCHEDULING=1``: async scheduling back on in vLLM's
+  CPU engine;
+- ``KVLEASE_ENGINE_NIXL_PROGRESS_DELAY_US=<us>``: the pause of NIXL's
+  progress thread between two progress calls.
+
+Nothing else: with both unset the plugin changes nothing.
 
 Why: vLLM's CPU platform switches async scheduling off ("not required on
 CPU", ``CpuPlatform.check_and_update_config``), while GPU builds of vLLM
@@ -23,9 +28,49 @@ import os
 logger = logging.getLogger("vllm.kvlease.engine_plugins")
 
 ENV = "KVLEASE_ENGINE_ASYNC_SCHEDULING"
+DELAY_ENV = "KVLEASE_ENGINE_NIXL_PROGRESS_DELAY_US"
 
 
 def register() -> None:
+    _slow_nixl_progress_thread()
+    _async_scheduling()
+
+
+def _slow_nixl_progress_thread() -> None:
+    """Why: NIXL's Python agent sets ``pthrDelay = 0`` (``nixl._api``), so
+    every agent's progress thread spins a whole core, busy or idle, and vLLM
+    has no knob for it. A P and a D take both cores of a 2-core machine that
+    way: vLLM's EngineCore and workers, which hand each step over through
+    shared memory with a spin-then-sleep wait, get the CPU seconds late, and
+    every timing of a case becomes noise (measured: each idle worker 98 % of
+    a core; single requests 0.4-9 s). A pause between progress calls keeps
+    the thread's work (UCX progress also runs on every NIXL call of vLLM's
+    own step) and gives the cores back. Applied alike to stock and kvlease
+    instances."""
+    delay = os.environ.get(DELAY_ENV)
+    if not delay or delay == "0":
+        return
+    try:
+        from nixl_cu13 import _api
+    except ImportError:
+        try:
+            from nixl import _api
+        except ImportError:
+            return
+    bind = _api.nixlBind
+    original = bind.nixlAgent
+    if getattr(original, "_kvlease_delay", False):
+        return
+
+    def agent(name, config, *args, **kwargs):
+        config.pthrDelay = int(delay)
+        return original(name, config, *args, **kwargs)
+
+    agent._kvlease_delay = True
+    bind.nixlAgent = agent
+
+
+def _async_scheduling() -> None:
     if os.environ.get(ENV) != "1":
         return
     from vllm.platforms.cpu import CpuPlatform
