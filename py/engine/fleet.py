@@ -1,8 +1,8 @@
 """The instances and routers one real-engine run keeps up, changed only as
 the next case needs.
 
-Owns: which ``vllm serve`` processes run now (by role: "p", "d", "ref"), the
-swap to another set (stop what is not wanted, start what is missing, in
+Owns: which ``vllm serve`` processes run now (by role: "p", "d", "ref",
+"p_stock", ...), the swap to another set (stop what is not wanted, start what is missing, in
 parallel), the routers in front of the current P and D, and the per-case
 record of crashes (an instance that exited without being asked). May not
 judge a case.
@@ -25,7 +25,7 @@ class Fleet:
         self.model = model
         self.logs = logs
         self.running: dict[str, Instance] = {}
-        self.routers: dict[str, RouterProcess] = {}
+        self.routers: dict[tuple[str, str, str], RouterProcess] = {}
         #: Instances that died without being stopped or killed by a case.
         self.crashes: list[str] = []
         self._expected_dead: set[int] = set()
@@ -59,13 +59,14 @@ class Fleet:
         inst.kill()
         return inst
 
-    def router(self, kind: str) -> RouterProcess:
-        """A router of ``kind`` ("toy" or "float64") in front of the current
-        "p" and "d" instances."""
-        r = self.routers.get(kind)
+    def router(self, kind: str, p: str = "p", d: str = "d") -> RouterProcess:
+        """A router of ``kind`` ("toy" or "float64") in front of the running
+        instances of roles ``p`` and ``d``; kept until an instance changes."""
+        key = (kind, p, d)
+        r = self.routers.get(key)
         if r is None:
-            r = RouterProcess(kind, [self.running["p"]], [self.running["d"]], self.logs).start()
-            self.routers[kind] = r
+            r = RouterProcess(kind, [self.running[p]], [self.running[d]], self.logs).start()
+            self.routers[key] = r
         return r
 
     def _stop_routers(self) -> None:

@@ -37,6 +37,7 @@ import asyncio
 import itertools
 import json
 import math
+import time
 import uuid
 from typing import Any
 
@@ -76,9 +77,12 @@ class Router:
         self.held: dict[str, dict] = {}
 
     async def start(self, _app: web.Application) -> None:
+        # force_close: a new connection per leg. A pooled connection idle
+        # through a hold may have been closed by uvicorn's keep-alive timeout
+        # (5 s), and a POST on it fails with "Server disconnected".
         self.session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
-            connector=aiohttp.TCPConnector(limit=0),
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
         )
 
     async def close(self, _app: web.Application) -> None:
@@ -108,10 +112,12 @@ class Router:
             },
         )
         p_body.pop("stream_options", None)
+        t0 = time.monotonic()
         async with self.session.post(next(self.prefill) + "/v1" + api, json=p_body,
                                      headers=headers) as r:
             p_status = r.status
             p_text = await r.text()
+        p_s = time.monotonic() - t0
         if p_status != 200:
             return web.Response(status=502, text=f"prefill answered {p_status}: {p_text[:500]}",
                                 headers={"X-Router-P-Status": str(p_status)})
@@ -129,6 +135,7 @@ class Router:
         d_body = dict(body)
         if params:
             d_body["kv_transfer_params"] = _integral_floats_as_ints(params)
+        t1 = time.monotonic()
         async with self.session.post(next(self.decode) + "/v1" + api, json=d_body,
                                      headers=headers) as r:
             d_status = r.status
@@ -138,7 +145,9 @@ class Router:
             status=d_status,
             body=d_text,
             content_type=d_type.split(";")[0],
-            headers={"X-Router-P-Status": str(p_status), "X-Router-Held-S": f"{hold:g}"},
+            headers={"X-Router-P-Status": str(p_status), "X-Router-Held-S": f"{hold:g}",
+                     "X-Router-P-Leg-S": f"{p_s:.3f}",
+                     "X-Router-D-Leg-S": f"{time.monotonic() - t1:.3f}"},
         )
 
     async def health(self, _request: web.Request) -> web.Response:

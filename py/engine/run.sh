@@ -33,7 +33,7 @@ cases)
     t=$(date +%s)
     set +e
     (cd py/engine && "$ENGINE_PYTHON" -m pytest -q -p no:cacheprovider -rfEsxX -s \
-        --junitxml="${ENGINE_WORK}/results/real-engine.xml" test_real_engine.py) \
+        --durations=0 --junitxml="${ENGINE_WORK}/results/real-engine.xml" test_real_engine.py) \
         > "${ENGINE_WORK}/results/real-engine.log" 2>&1
     rc=$?
     set -e

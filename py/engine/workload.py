@@ -64,6 +64,9 @@ class Answer:
     ttft_s: float | None = None
     error: str | None = None
     held_s: float = 0.0
+    #: Seconds of the P and D legs, when the float64 router answered.
+    p_leg_s: float | None = None
+    d_leg_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -97,7 +100,9 @@ async def complete(session: aiohttp.ClientSession, base_url: str, prompt: list[i
                 if r.status != 200:
                     return Answer(r.status, None, latency, error=raw[:300], held_s=hold_s)
                 text = json.loads(raw)["choices"][0]["text"]
-                return Answer(200, text, latency, held_s=hold_s)
+                legs = [r.headers.get(h) for h in ("X-Router-P-Leg-S", "X-Router-D-Leg-S")]
+                p_leg, d_leg = (float(x) if x else None for x in legs)
+                return Answer(200, text, latency, held_s=hold_s, p_leg_s=p_leg, d_leg_s=d_leg)
             ttft = None
             parts: list[str] = []
             async for line in r.content:
