@@ -10,18 +10,21 @@ because then it tests nothing.
 The cases run in this file's order, which keeps instance starts few (about
 40 s each on 2 cores, several at once):
 
-====  ===================================  ==========================================
+=====  ====================================  =========================================
 phase  instances (role: connector)           cases
-====  ===================================  ==========================================
-A      ref: plain, p: kvlease, d: kvlease   happy (toy proxy, float64 router), late
-                                            arrival, preemption on P, soak
-B      + p_stock, d_stock                   stock happy, late arrival and soak (the
-                                            controls); mixed fleets, both directions
-C      p restarted                          P killed mid-flight
-D      d: kvlease, small KV cache           overload, D killed
-E      p: kvlease TP 2, d: kvlease;         heterogeneous TP; async scheduling
+=====  ====================================  =========================================
+A      ref: plain, p and d: kvlease,         happy (toy proxy, float64 router), late
+       p_stock and d_stock: stock            arrival and soak beside the stock
+                                             controls, preemption on P, mixed fleets
+C      p restarted                           P killed mid-flight
+D      d: kvlease, small KV cache            overload, D killed
+E      p: kvlease TP 2, d: kvlease;          heterogeneous TP; async scheduling
        p_async, d_async
-====  ===================================  ==========================================
+=====  ====================================  =========================================
+
+The stock and kvlease runs of one scenario (late arrival, soak) go at the
+same time, on their own P and D: half the wall time, and the same load on
+both.
 
 Figures go to ``.engine/results/cases.jsonl``; ``report.py`` prints the table.
 Texts are compared with the plain reference's greedy text for the same token
@@ -75,8 +78,8 @@ def d_spec(connector: str, **kw) -> InstanceSpec:
 
 
 REF = InstanceSpec(name="ref")
-PHASE_A = dict(p=p_spec("kvlease"), d=d_spec("kvlease"))
-PHASE_B = dict(PHASE_A, p_stock=p_spec("stock"), d_stock=d_spec("stock"))
+PHASE_A = dict(p=p_spec("kvlease"), d=d_spec("kvlease"),
+               p_stock=p_spec("stock"), d_stock=d_spec("stock"))
 ASYNC_ENV = {"KVLEASE_ENGINE_ASYNC_SCHEDULING": "1"}
 
 # ---- the prompt sets, all known up front so one plain instance answers them --
@@ -113,7 +116,7 @@ def sets(fleet) -> dict[str, PromptSet]:
     fleet.ensure(ref=REF, **PHASE_A)
     ref = fleet.running["ref"]
     for ps in out.values():
-        answers = run(complete_all(ref.url, ps.prompts, concurrency=4, max_tokens=ps.max_tokens,
+        answers = run(complete_all(ref.url, ps.prompts, concurrency=8, max_tokens=ps.max_tokens,
                                    prefix=f"ref-{ps.name}"))
         bad = [a for a in answers if not a.ok]
         assert not bad, f"the plain reference failed: {bad[0].error}"
@@ -188,31 +191,28 @@ def happy(fleet, ps: PromptSet, kind: str, p: str = "p", d: str = "d") -> dict:
     return figures
 
 
-def late_arrival(fleet, sets, p: str = "p", d: str = "d") -> dict:
+async def late_arrival_async(fleet, sets, p: str = "p", d: str = "d") -> dict:
     """Prefill A, hold it at the router until P let its lease go, prefill
     other requests that reuse A's blocks, then send A to D."""
     router = fleet.router("float64", p, d)
     d_inst = fleet.running[d]
     a, filler = sets["late-a"], sets["filler"]
-    before = counters(d_inst)
+    before = await asyncio.to_thread(counters, d_inst)
     key = f"late-{random.getrandbits(32):08x}"
-
-    async def scenario() -> tuple[Answer, list[Answer], float]:
-        async with aiohttp.ClientSession() as session:
-            task = asyncio.create_task(complete(session, router.url, a.prompts[0],
-                                                max_tokens=a.max_tokens, hold_key=key,
-                                                request_id=key))
-            await asyncio.to_thread(router.wait_held, key)
-            t0 = time.monotonic()
-            # P lets A go LEASE after its prefill; wait past that, plus a step.
-            await asyncio.sleep(LEASE + 3.0)
-            fill = await complete_all(router.url, filler.prompts, concurrency=2,
-                                      max_tokens=filler.max_tokens, prefix=f"{key}-fill")
-            router.release(key)
-            return await task, fill, time.monotonic() - t0
-
-    ans, fill, held = run(scenario())
-    after = counters(d_inst)
+    async with aiohttp.ClientSession() as session:
+        task = asyncio.create_task(complete(session, router.url, a.prompts[0],
+                                            max_tokens=a.max_tokens, hold_key=key,
+                                            request_id=key))
+        await asyncio.to_thread(router.wait_held, key)
+        t0 = time.monotonic()
+        # P lets A go LEASE after its prefill; wait past that, plus a step.
+        await asyncio.sleep(LEASE + 3.0)
+        fill = await complete_all(router.url, filler.prompts, concurrency=2,
+                                  max_tokens=filler.max_tokens, prefix=f"{key}-fill")
+        router.release(key)
+        ans = await task
+        held = time.monotonic() - t0
+    after = await asyncio.to_thread(counters, d_inst)
     return {
         "a_equal": int(ans.ok and ans.text == a.reference[0]),
         "a_wrong": int(ans.ok and ans.text != a.reference[0]),
@@ -223,7 +223,11 @@ def late_arrival(fleet, sets, p: str = "p", d: str = "d") -> dict:
     }
 
 
-def soak(fleet, sets, seed: int, p: str = "p", d: str = "d") -> dict:
+def late_arrival(fleet, sets, p: str = "p", d: str = "d") -> dict:
+    return run(late_arrival_async(fleet, sets, p, d))
+
+
+async def soak_async(fleet, sets, seed: int, p: str = "p", d: str = "d") -> dict:
     """200 requests at concurrency 16, router holds spread around the lease:
     70 % go straight through, 20 % wait up to a quarter lease, 10 % wait 1.1
     to 1.5 leases (those lapse on P)."""
@@ -235,14 +239,14 @@ def soak(fleet, sets, seed: int, p: str = "p", d: str = "d") -> dict:
         holds.append(0.0 if x < 0.7 else rng.uniform(0, LEASE / 4) if x < 0.9
                      else rng.uniform(1.1 * LEASE, 1.5 * LEASE))
     p_inst, d_inst = fleet.running[p], fleet.running[d]
-    before = counters(d_inst)
+    before = await asyncio.to_thread(counters, d_inst)
     t0 = time.monotonic()
-    answers = run(complete_all(fleet.router("float64", p, d).url, ps.prompts, concurrency=16,
-                               holds=holds, max_tokens=ps.max_tokens, prefix=f"soak-{p}"))
+    answers = await complete_all(fleet.router("float64", p, d).url, ps.prompts, concurrency=16,
+                                 holds=holds, max_tokens=ps.max_tokens, prefix=f"soak-{p}")
     figures = compare(answers, ps.reference)
     figures["wall_s"] = round(time.monotonic() - t0, 1)
     figures["held_past_lease"] = sum(h > LEASE for h in holds)
-    figures.update(delta(counters(d_inst), before, "failed_checks"))
+    figures.update(delta(await asyncio.to_thread(counters, d_inst), before, "failed_checks"))
     # Where the time went (the float64 router's leg timings): a lapse the
     # holds did not cause is a P leg plus a D leg longer than the lease.
     p_legs = sorted(a.p_leg_s for a in answers if a.p_leg_s is not None)
@@ -252,13 +256,17 @@ def soak(fleet, sets, seed: int, p: str = "p", d: str = "d") -> dict:
         figures["p_leg_max_s"] = round(p_legs[-1], 2)
         figures["d_leg_p50_s"] = round(d_legs[len(d_legs) // 2], 2)
         figures["d_leg_max_s"] = round(d_legs[-1], 2)
-    back = p_usage_back(p_inst, 0.0, LEASE + EXTENSION + 10)
+    back = await asyncio.to_thread(p_usage_back, p_inst, 0.0, LEASE + EXTENSION + 10)
     figures["p_usage_back_s"] = None if back is None else round(back, 1)
     figures["p_usage_end"] = p_inst.kv_usage()
     return figures
 
 
-# ---- phase A: kvlease P + kvlease D ------------------------------------------
+async def both(a, b):
+    return await asyncio.gather(a, b)
+
+
+# ---- phase A: kvlease P and D, stock P and D beside them ----------------------
 
 
 def test_happy_path_kvlease_through_vllms_toy_proxy(fleet, sets, record):
@@ -282,13 +290,25 @@ def test_nonces_survive_a_float64_router(fleet, sets, record):
     assert figures["verified"] >= figures["requests"] and figures["failed_checks"] == 0, figures
 
 
-def test_late_arrival_kvlease_fails_the_check_and_recomputes(fleet, sets, record):
+def test_late_arrival_kvlease_fails_the_check_and_recomputes_stock_answers_wrong(
+        fleet, sets, record):
+    """kvlease: the check fails, vLLM recomputes, the text is A's. The
+    control, at the same time on its own P and D: stock vLLM answers A with
+    HTTP 200 and another request's text. If the control does not show the
+    corruption, the case tests nothing, and this fails."""
     fleet.ensure(**PHASE_A)
-    figures = late_arrival(fleet, sets)
-    record.write("late arrival", "kvlease", **figures)
-    assert figures["a_status"] == 200 and figures["a_equal"] == 1, figures
-    assert figures["failed_checks"] >= 1, f"the lapse was not caught: {figures}"
-    assert figures["filler_equal"] == len(sets["filler"].prompts), figures
+    p_stock = fleet.running["p_stock"]
+    before = counters(p_stock)
+    ours, stock = run(both(late_arrival_async(fleet, sets),
+                           late_arrival_async(fleet, sets, "p_stock", "d_stock")))
+    stock.update(delta(counters(p_stock), before, "stock_expired"))
+    record.write("late arrival", "kvlease", **ours)
+    record.write("late arrival", "stock", **stock)
+    assert ours["a_status"] == 200 and ours["a_equal"] == 1, ours
+    assert ours["failed_checks"] >= 1, f"the lapse was not caught: {ours}"
+    assert ours["filler_equal"] == len(sets["filler"].prompts), ours
+    assert stock["a_status"] == 200 and stock["a_wrong"] == 1, (
+        f"the control did not show the corruption: {stock}")
 
 
 def test_preemption_on_p_then_a_lapse_does_not_crash_p(fleet, sets, record):
@@ -334,43 +354,27 @@ def test_preemption_on_p_then_a_lapse_does_not_crash_p(fleet, sets, record):
     assert figures["after_equal"] == 4, figures
 
 
-def test_soak_kvlease_gives_no_wrong_answer(fleet, sets, record):
+def test_soak_kvlease_gives_no_wrong_answer_stock_control_counts_them(fleet, sets, record):
+    """The same 200 requests and holds through kvlease and, at the same time,
+    through stock vLLM: kvlease answers every one right (the lapsed ones are
+    recomputed); stock's wrong answers are counted, and there must be some,
+    or the soak tests nothing. P's blocks are back at their baseline."""
     fleet.ensure(**PHASE_A)
-    figures = soak(fleet, sets, seed=1)
-    record.write("soak", "kvlease", **figures)
-    assert figures["wrong_answers"] == 0 and figures["http_errors"] == 0, figures
-    assert figures["texts_equal"] == len(sets["soak"].prompts), figures
-    assert figures["p_usage_end"] == 0.0, figures
-
-
-# ---- phase B: stock beside kvlease: the controls, and mixed fleets ------------
+    ours, stock = run(both(soak_async(fleet, sets, seed=1),
+                           soak_async(fleet, sets, seed=1, p="p_stock", d="d_stock")))
+    record.write("soak", "kvlease", **ours)
+    record.write("soak", "stock", **stock)
+    assert ours["wrong_answers"] == 0 and ours["http_errors"] == 0, ours
+    assert ours["texts_equal"] == len(sets["soak"].prompts), ours
+    assert ours["p_usage_end"] == 0.0, ours
+    assert stock["wrong_answers"] > 0, f"the stock control gave no wrong answer: {stock}"
 
 
 def test_happy_path_stock_through_vllms_toy_proxy(fleet, sets, record):
-    fleet.ensure(**PHASE_B)
+    fleet.ensure(**PHASE_A)
     figures = happy(fleet, sets["happy"], "toy", "p_stock", "d_stock")
     record.write("happy (toy proxy)", "stock", **figures)
     assert figures["texts_equal"] == figures["requests"], figures
-
-
-def test_late_arrival_stock_control_answers_with_another_requests_kv(fleet, sets, record):
-    """The control: stock vLLM answers the late request with HTTP 200 and
-    another request's text. If it does not, the late-arrival case tests
-    nothing, and this fails."""
-    fleet.ensure(**PHASE_B)
-    before = counters(fleet.running["p_stock"])
-    figures = late_arrival(fleet, sets, "p_stock", "d_stock")
-    figures.update(delta(counters(fleet.running["p_stock"]), before, "stock_expired"))
-    record.write("late arrival", "stock", **figures)
-    assert figures["a_status"] == 200 and figures["a_wrong"] == 1, (
-        f"the control did not show the corruption: {figures}")
-
-
-def test_soak_stock_control_counts_wrong_answers(fleet, sets, record):
-    fleet.ensure(**PHASE_B)
-    figures = soak(fleet, sets, seed=1, p="p_stock", d="d_stock")
-    record.write("soak", "stock", **figures)
-    assert figures["wrong_answers"] > 0, f"the stock control gave no wrong answer: {figures}"
 
 
 @pytest.mark.parametrize("p,d", [("p", "d_stock"), ("p_stock", "d")],
@@ -378,7 +382,7 @@ def test_soak_stock_control_counts_wrong_answers(fleet, sets, record):
 def test_mixed_fleets(fleet, sets, record, p, d):
     """A stock peer on either side gets stock behaviour: texts equal; a
     kvlease D reading a stock P counts its loads unverified."""
-    fleet.ensure(**PHASE_B)
+    fleet.ensure(**PHASE_A)
     figures = happy(fleet, sets["mixed"], "float64", p, d)
     p_conn = "stock" if p == "p_stock" else "kvlease"
     d_conn = "stock" if d == "d_stock" else "kvlease"
@@ -396,7 +400,7 @@ def test_p_killed_mid_flight_d_fails_those_loads_and_serves_on(fleet, sets, reco
     """Requests prefilled on P and held at the router; P is SIGKILLed; the
     requests reach D: D fails those loads and recomputes (no hang), and once
     a new P is up D serves what follows."""
-    fleet.ensure(**PHASE_A, p_stock=None, d_stock=None)
+    fleet.ensure(p=PHASE_A["p"], d=PHASE_A["d"], p_stock=None, d_stock=None)
     router = fleet.router("float64")
     d = fleet.running["d"]
     ps = sets["happy"]
@@ -425,7 +429,7 @@ def test_p_killed_mid_flight_d_fails_those_loads_and_serves_on(fleet, sets, reco
     # P's death fails vLLM's own READs (a failed transfer, recomputed).
     figures.update(delta(counters(d), before, "failed_checks", "failed_transfers"))
     # A new P (new engine id); the same D serves what follows.
-    fleet.ensure(**PHASE_A)
+    fleet.ensure(p=PHASE_A["p"], d=PHASE_A["d"])
     more = run(complete_all(fleet.router("float64").url, sets["after"].prompts, concurrency=4,
                             max_tokens=sets["after"].max_tokens, prefix="after-pkill"))
     figures["after_equal"] = compare(more, sets["after"].reference)["texts_equal"]
