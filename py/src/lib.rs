@@ -45,9 +45,14 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode::decode_outcomes, m)?)?;
     m.add_function(wrap_pyfunction!(wire::encode_read_done, m)?)?;
     m.add_function(wrap_pyfunction!(wire::encode_heartbeats, m)?)?;
+    m.add_function(wrap_pyfunction!(wire::encode_compact_heartbeats, m)?)?;
     m.add_function(wrap_pyfunction!(wire::decode_notification, m)?)?;
     m.add_function(wrap_pyfunction!(wire::read_done_form, m)?)?;
     m.add_function(wrap_pyfunction!(wire::lease_advert, m)?)?;
     m.add_function(wrap_pyfunction!(wire::decode_lease_advert, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        wire::advert_accepts_compact_heartbeats,
+        m
+    )?)?;
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! bytes Python sends and drains with its own `nixl_agent`.
 
 use kvlease::fabric::{LeaseAdvert, SlotRegion};
-use kvlease::wire::{self, Notification, ReadDoneForm};
+use kvlease::wire::{self, CompactEntry, Notification, ReadDoneForm, WireError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use pyo3::IntoPyObjectExt;
@@ -70,6 +70,45 @@ pub(crate) fn encode_heartbeats<'py>(
     Ok(out)
 }
 
+/// `HBC:` compact heartbeats renewing `entries`, each `(slot, nonce)` as P
+/// exported them (`remote_lease_slot`, `remote_lease_nonce` in its int64
+/// form), split so that none exceeds `max_len` bytes. Only for a peer that
+/// advertises compact heartbeats (`advert_accepts_compact_heartbeats`): a
+/// stock vLLM P would take the message for a read-done of an unknown id.
+/// Raises `WireError` for a nonce of 0 (no lease has it) or a `max_len`
+/// under 28 bytes (the prefix and one record), before anything is encoded;
+/// a slot outside u32 or a nonce outside int64 is refused by the
+/// conversion itself (`OverflowError`).
+#[pyfunction]
+#[pyo3(signature = (entries, max_len = 65536))]
+pub(crate) fn encode_compact_heartbeats<'py>(
+    py: Python<'py>,
+    entries: &Bound<'py, PyAny>,
+    max_len: usize,
+) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    // Collected first, so that a bad entry raises before any message exists.
+    let mut records = Vec::with_capacity(entries.len().unwrap_or(0));
+    for item in entries.try_iter()? {
+        let (slot, nonce_value): (u32, i64) = item?.extract()?;
+        let nonce = nonce(nonce_value).ok_or_else(|| errors::wire(WireError::ZeroNonce))?;
+        records.push(CompactEntry { slot, nonce });
+    }
+    // No message is longer than all the records in one, so the scratch
+    // buffer is sized to that, not to a `max_len` from outside (which could
+    // ask for any amount of memory); a `max_len` too small for one record
+    // stays too small and is refused by the encoder.
+    let whole = wire::COMPACT_HEARTBEAT_PREFIX.len()
+        + wire::COMPACT_RECORD_LEN.saturating_mul(records.len().max(1));
+    let max_len = max_len.min(whole);
+    let mut scratch = vec![0u8; max_len];
+    let mut out = Vec::new();
+    wire::encode_compact_heartbeats(records, max_len, &mut scratch, |m| {
+        out.push(PyBytes::new(py, m))
+    })
+    .map_err(errors::wire)?;
+    Ok(out)
+}
+
 /// Decodes one notification: `("heartbeat", [ids])`, `("compact", [(slot,
 /// nonce)])` or `("read_done", id, consumers, nonce_or_None)`. Raises
 /// `WireError` for bytes that are none of them.
@@ -109,13 +148,16 @@ pub(crate) fn decode_notification<'py>(
 }
 
 /// The 32-byte lease advert a P worker puts in its handshake metadata: its
-/// slot array at `address`, `nbytes` long, holding `count` slots.
+/// slot array at `address`, `nbytes` long, holding `count` slots; with
+/// `compact_heartbeats`, the worker also says it renews on `HBC:` messages.
 #[pyfunction]
+#[pyo3(signature = (address, nbytes, count, compact_heartbeats = false))]
 pub(crate) fn lease_advert<'py>(
     py: Python<'py>,
     address: u64,
     nbytes: u64,
     count: u32,
+    compact_heartbeats: bool,
 ) -> Bound<'py, PyBytes> {
     let advert = LeaseAdvert {
         slots: Some(SlotRegion {
@@ -123,7 +165,7 @@ pub(crate) fn lease_advert<'py>(
             len: nbytes,
             count,
         }),
-        compact_heartbeats: false,
+        compact_heartbeats,
     };
     PyBytes::new(py, &advert.encode())
 }
@@ -136,5 +178,15 @@ pub(crate) fn decode_lease_advert(advert: &Bound<'_, PyAny>) -> PyResult<Option<
     with_bytes(advert, |advert| {
         let a = LeaseAdvert::decode(advert).map_err(errors::wire)?;
         Ok(a.slots.map(|s| (s.addr, s.len, s.count)))
+    })
+}
+
+/// Whether a peer's lease advert says it renews on compact (`HBC:`)
+/// heartbeats. Raises `WireError` for bytes that are not an advert.
+#[pyfunction]
+pub(crate) fn advert_accepts_compact_heartbeats(advert: &Bound<'_, PyAny>) -> PyResult<bool> {
+    with_bytes(advert, |advert| {
+        let a = LeaseAdvert::decode(advert).map_err(errors::wire)?;
+        Ok(a.compact_heartbeats)
     })
 }

@@ -58,6 +58,7 @@ def test_scheduler_and_tracker_inputs(msg, rank):
         lambda: kvlease.decode_outcomes(msg),
         lambda: kvlease.decode_notification(msg),
         lambda: kvlease.decode_lease_advert(msg),
+        lambda: kvlease.advert_accepts_compact_heartbeats(msg),
     ):
         try:
             call()
@@ -127,3 +128,17 @@ def test_slot_checker_inputs(peers, nonce, slot):
             pass
     checker.step(1.0)
     checker.take_reads()
+
+
+@SETTINGS
+@given(
+    st.lists(st.tuples(st.integers(), st.integers()), max_size=40),
+    st.integers(min_value=-1, max_value=2**70),
+)
+def test_compact_heartbeat_encoding_refuses_or_round_trips(entries, max_len):
+    try:
+        msgs = kvlease.encode_compact_heartbeats(entries, max_len)
+    except OK_ERRORS:
+        return
+    assert all(len(m) <= max_len for m in msgs)
+    assert [e for m in msgs for e in kvlease.decode_notification(m)[1]] == entries

@@ -39,3 +39,44 @@ def test_heartbeats_are_vllms_and_split_to_the_limit():
 
 def test_empty_pieces_are_skipped_as_vllm_does():
     assert kvlease.decode_notification(b"HB:a,,b,") == ("heartbeat", ["a", "b"])
+
+
+def test_compact_heartbeats_are_the_librarys_records_split_to_the_limit():
+    entries = [(s, 0x5EED + s) for s in range(100)] + [(2**32 - 1, -5)]
+    msgs = kvlease.encode_compact_heartbeats(entries, max_len=4 + 24 * 10)
+    assert len(msgs) == 11 and all(len(m) <= 244 for m in msgs)
+    assert msgs[0][:28] == b"HBC:" + b"00000000" + b"0000000000005eed"
+    assert msgs[-1] == b"HBC:ffffffff" + b"fffffffffffffffb", "int64 -5 as its 64 bits"
+    got = [e for m in msgs for e in kvlease.decode_notification(m)[1]]
+    assert got == entries
+    # One message by default (64 KiB holds 2,730 records), any iterable.
+    assert len(kvlease.encode_compact_heartbeats(iter(entries))) == 1
+    assert kvlease.encode_compact_heartbeats([]) == []
+
+
+def test_compact_heartbeats_refuse_what_no_lease_has_before_encoding():
+    with pytest.raises(WireError) as e:
+        kvlease.encode_compact_heartbeats([(1, 7), (2, 0)])
+    assert e.value.reason == "ZeroNonce"
+    with pytest.raises(WireError) as e:
+        kvlease.encode_compact_heartbeats([(1, 7)], max_len=27)
+    assert e.value.reason == "MessageTooSmall"
+    # Out of range for the fields' types: the conversion refuses them.
+    with pytest.raises(OverflowError):
+        kvlease.encode_compact_heartbeats([(2**32, 7)])
+    with pytest.raises(OverflowError):
+        kvlease.encode_compact_heartbeats([(1, 2**63)])
+    with pytest.raises(TypeError):
+        kvlease.encode_compact_heartbeats([(1, "7")])
+    # A huge max_len from outside asks for no huge buffer.
+    assert len(kvlease.encode_compact_heartbeats([(1, 7)], max_len=2**62)) == 1
+
+
+def test_the_advert_says_whether_the_rank_takes_compact_heartbeats():
+    plain = kvlease.lease_advert(0x1000, 4096, 512)
+    compact = kvlease.lease_advert(0x1000, 4096, 512, compact_heartbeats=True)
+    assert kvlease.decode_lease_advert(plain) == kvlease.decode_lease_advert(compact)
+    assert kvlease.advert_accepts_compact_heartbeats(plain) is False
+    assert kvlease.advert_accepts_compact_heartbeats(compact) is True
+    with pytest.raises(WireError):
+        kvlease.advert_accepts_compact_heartbeats(compact[:31])

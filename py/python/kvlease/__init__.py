@@ -9,8 +9,8 @@ The lease roles of the Rust library, as classes that take and return bytes:
   :class:`SlotChecker` in each worker (the post-READ slot check that turns a
   lapsed lease into a failed KV load);
 - the codecs: :func:`encode_read_done`, :func:`encode_heartbeats`,
-  :func:`decode_notification`, :func:`encode_outcomes`,
-  :func:`decode_outcomes`, :func:`lease_advert`;
+  :func:`encode_compact_heartbeats`, :func:`decode_notification`,
+  :func:`encode_outcomes`, :func:`decode_outcomes`, :func:`lease_advert`;
 - :class:`LeaseConfig`, parsed from vLLM's ``kv_connector_extra_config``.
 
 Times are ``now: float`` seconds of one monotonic clock per process
@@ -30,9 +30,11 @@ from ._native import (
     SlotChecker,
     SlotTicket,
     __version__,
+    advert_accepts_compact_heartbeats,
     decode_lease_advert,
     decode_notification,
     decode_outcomes,
+    encode_compact_heartbeats,
     encode_heartbeats,
     encode_outcomes,
     encode_read_done,
@@ -61,11 +63,13 @@ __all__ = [
     "SlotChecker",
     "encode_read_done",
     "encode_heartbeats",
+    "encode_compact_heartbeats",
     "decode_notification",
     "encode_outcomes",
     "decode_outcomes",
     "lease_advert",
     "decode_lease_advert",
+    "advert_accepts_compact_heartbeats",
     "read_done_form",
     "KvLeaseError",
     "ConfigError",

@@ -1,6 +1,6 @@
 """Type stubs of kvlease's native module (Rust, PyO3). See the package docs."""
 
-from typing import Literal, Mapping, Optional, Sequence
+from typing import Iterable, Literal, Mapping, Optional, Sequence
 
 __version__: str
 
@@ -162,6 +162,12 @@ def encode_read_done(
     request_id: str, consumers: int, nonce_value: Optional[int], peer_has_lease_slots: bool
 ) -> bytes: ...
 def encode_heartbeats(ids: Sequence[str], max_len: int = 65536) -> list[bytes]: ...
+def encode_compact_heartbeats(
+    entries: Iterable[tuple[int, int]], max_len: int = 65536
+) -> list[bytes]:
+    """``HBC:`` messages renewing every ``(slot, nonce)``, none over
+    ``max_len`` bytes; only for peers whose advert accepts them. Raises
+    ``WireError`` for a nonce of 0 or a ``max_len`` under 28."""
 def decode_notification(
     msg: Buffer,
 ) -> (
@@ -169,5 +175,9 @@ def decode_notification(
     | tuple[Literal["compact"], list[tuple[int, int]]]
     | tuple[Literal["read_done"], str, int, Optional[int]]
 ): ...
-def lease_advert(address: int, nbytes: int, count: int) -> bytes: ...
+def lease_advert(
+    address: int, nbytes: int, count: int, compact_heartbeats: bool = False
+) -> bytes: ...
 def decode_lease_advert(advert: Buffer) -> Optional[tuple[int, int, int]]: ...
+def advert_accepts_compact_heartbeats(advert: Buffer) -> bool:
+    """Whether the advert's worker renews on ``HBC:``. Raises ``WireError``."""
