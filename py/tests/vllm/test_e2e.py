@@ -17,6 +17,8 @@ import time
 
 import pytest
 from harness.cluster import NodeProcess, free_port
+
+import kvlease
 from harness.figures import figure
 from harness.kv_pattern import block_value
 from harness.transports import TRANSPORTS
@@ -102,9 +104,18 @@ def test_happy_path_verified_after_waiting(nodes, transport):
     assert drep["stats_reduced"]["KV loads verified"] == 1
     assert prep["stats_reduced"]["KV leases granted"] == 1
     assert prep["stats_reduced"]["KV leases read"] == 1
+    # Between two kvlease peers the heartbeats are compact: every one names
+    # this lease's (slot, nonce), none is text, so the renewals that held the
+    # lease past its first term came from HBC: (issue 30, item 3).
+    notifs = P.call("notifs", engine=pe)
+    compact = [m for m in notifs if m.startswith(b"HBC:")]
+    assert compact and not any(m.startswith(b"HB:") for m in notifs), notifs
+    lease = (params["remote_lease_slot"], params["remote_lease_nonce"])
+    assert all(kvlease.decode_notification(m) == ("compact", [lease]) for m in compact)
+    assert rank["renew_nonce_mismatch"] == 0 and rank["malformed_notifications"] == 0
     figure(
         f"[{transport}] happy path: held {held:.1f} s by {rank['renewed']} renewals "
-        f"({freed['heartbeats']} heartbeats drained), verified; P freed "
+        f"({freed['heartbeats']} heartbeats drained, all HBC:), verified; P freed "
         f"{(freed['freed_at'] - got['loaded_at']) * 1e3:.0f} ms after D reported the load"
     )
     teardown(P, pe)

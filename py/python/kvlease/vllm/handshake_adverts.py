@@ -3,7 +3,8 @@ the replies of vLLM's own handshake.
 
 Owns: capturing the reply payloads of vLLM's ``_nixl_handshake`` (one per P
 rank it queried) and decoding each one's advert; the fallback query when the
-replies could not be captured; and the outcome of each: an advert, ``None``
+replies could not be captured; and the outcome of each: an advert (its slot
+array, and whether it accepts compact heartbeats), ``None``
 (a P that exports no lease slots: stock vLLM), or :data:`UNKNOWN` (the advert
 could not be read). May not fail a handshake: vLLM's handshake result is
 vLLM's, and a missing advert costs only the verification of that P rank
@@ -37,7 +38,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from .._native import decode_lease_advert
+from .._native import advert_accepts_compact_heartbeats, decode_lease_advert
 from .metadata import KvLeaseHandshakePayload
 
 logger = logging.getLogger("vllm.kvlease.handshake")
@@ -49,6 +50,22 @@ QUERY_TIMEOUT_MS = 5000
 
 _local = threading.local()
 _DECODER = msgspec.msgpack.Decoder(KvLeaseHandshakePayload)
+
+
+class SlotAdvert(tuple):
+    """A P rank's advert: ``(base, nbytes, count)`` of its slot array, a
+    plain 3-tuple to whoever reads those, and whether the rank renews on
+    compact (``HBC:``) heartbeats."""
+
+    compact_heartbeats: bool
+
+    def __new__(cls, slots: tuple[int, int, int], compact_heartbeats: bool) -> "SlotAdvert":
+        self = super().__new__(cls, slots)
+        self.compact_heartbeats = compact_heartbeats
+        return self
+
+    def __getnewargs__(self) -> tuple:
+        return (tuple(self), self.compact_heartbeats)
 
 
 class _ReplyRecorder:
@@ -95,8 +112,8 @@ def recording() -> Iterator[list[bytes]]:
         _local.replies = None
 
 
-def decode(payload: bytes) -> tuple[int, int, int] | None | str:
-    """The advert in one handshake payload: ``(base, nbytes, count)``, None
+def decode(payload: bytes) -> SlotAdvert | None | str:
+    """The advert in one handshake payload: a :class:`SlotAdvert`, None
     when the payload has none (stock P), :data:`UNKNOWN` when it does not
     decode (never raises: the payload is outside input)."""
     try:
@@ -106,9 +123,12 @@ def decode(payload: bytes) -> tuple[int, int, int] | None | str:
     if not advert:
         return None
     try:
-        return decode_lease_advert(advert)
+        slots = decode_lease_advert(advert)
+        compact = advert_accepts_compact_heartbeats(advert)
     except Exception:
         return UNKNOWN
+    # An advert without slots (a P that exports none) is a stock P's to D.
+    return None if slots is None else SlotAdvert(slots, compact)
 
 
 def from_replies(keys: list[tuple[int, int]], replies: list[bytes]) -> dict | None:

@@ -3,7 +3,8 @@ read from, the slot READs (one per P rank per step, shared by the checks of
 that step), and the verdicts.
 
 Owns: the ``SlotChecker``, the lease adverts learnt at handshake (the only
-state the handshake thread writes, under a lock), the P ranks as checker
+state the handshake thread writes, under a lock; the heartbeat sender asks
+them which P ranks accept compact heartbeats), the P ranks as checker
 peers, the slot READs posted with the worker's NIXL agent, and the requests
 held between their last block READ and their verdict. May not report
 anything to vLLM: ``worker.py`` turns verdicts into ``finished_recving``,
@@ -126,6 +127,14 @@ class LoadChecks:
         with self._lock:
             for key, name in agents.items():
                 self._adverts[name] = adverts.get(key)
+
+    def accepts_compact(self, agent_name: str | bytes) -> bool:
+        """Whether this P rank's advert says it renews on compact (``HBC:``)
+        heartbeats (``compact_heartbeats.py``); False for a rank without an
+        advert, or whose advert could not be read."""
+        with self._lock:
+            advert = self._adverts.get(agent_name)
+        return getattr(advert, "compact_heartbeats", False) is True
 
     def peer_for(
         self, agent_name: str | bytes, now: float | None = None

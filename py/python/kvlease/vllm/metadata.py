@@ -1,7 +1,8 @@
 """What kvlease adds to vLLM's connector channels, as plain picklable objects.
 
 Owns: the per-step lease message from the scheduler to every worker
-(:class:`LeaseStep`, an attribute of vLLM's ``NixlConnectorMetadata``), the
+(:class:`LeaseStep`, an attribute of vLLM's ``NixlConnectorMetadata``: P's
+directives, D's lease fields and compact heartbeats), the
 per-step reports from the P workers to the scheduler (:class:`LeaseReports`,
 vLLM's worker-metadata channel), and the handshake payload that carries a P
 worker's lease advert (:class:`KvLeaseHandshakePayload`). May not interpret
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlHandshakePayload
 
+from .compact_heartbeats import CompactRound
+
 #: The attribute of ``NixlConnectorMetadata`` that holds this step's :class:`LeaseStep`.
 STEP_ATTR = "kv_lease"
 
@@ -39,9 +42,13 @@ class LeaseStep:
     #: the requests whose READs start this step, as P exported them (the
     #: keys of ``kv_transfer_params`` vLLM drops on the way to the worker).
     read_fields: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: D, in a heartbeat round only: ``{P engine id: CompactRound}``, the
+    #: round's heartbeats for the P agents that accept compact ones
+    #: (``compact_heartbeats.py``).
+    heartbeats: dict[str, CompactRound] = field(default_factory=dict)
 
     def is_empty(self) -> bool:
-        return not self.directives and not self.read_fields
+        return not self.directives and not self.read_fields and not self.heartbeats
 
 
 class LeaseReports(KVConnectorWorkerMetadata):

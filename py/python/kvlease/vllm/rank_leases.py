@@ -44,9 +44,11 @@ class RankLeases:
         agent.register_memory(descs, backends=backends)
 
     def advert(self) -> bytes:
-        """The 32-byte advert a kvlease D reads from the handshake payload."""
+        """The 32-byte advert a kvlease D reads from the handshake payload.
+        It says the rank accepts compact heartbeats: the worker hands every
+        ``HBC:`` message to the rank (``worker.py``, ``_get_new_notifs``)."""
         r = self.rank
-        return lease_advert(r.slots_address, r.slots_nbytes, r.slot_count)
+        return lease_advert(r.slots_address, r.slots_nbytes, r.slot_count, True)
 
     def apply_directives(self, msg: bytes, now: float) -> None:
         if not msg:

@@ -10,7 +10,10 @@ at ``request_finished``, which exports ``remote_lease_slot`` /
 from the workers' reports in ``update_connector_output``
 (``prefill_leases.py`` has the ordering argument). D: the lease fields of the
 requests whose READs start this step go to the workers with the metadata,
-since vLLM drops unknown ``kv_transfer_params`` keys on that way.
+since vLLM drops unknown ``kv_transfer_params`` keys on that way; and those
+of every heartbeated request are kept beside vLLM's heartbeat sets, so that
+each heartbeat round ships them encoded as compact heartbeats
+(``compact_heartbeats.py``).
 
 May not change what vLLM does for requests kvlease does not hold. An instance
 built without ``__init__`` (vLLM's unit tests use ``object.__new__``) has no
@@ -27,6 +30,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
     NixlPullConnectorScheduler,
 )
 
+from .compact_heartbeats import HeartbeatLeases
 from .compat import check_vllm_version
 from .metadata import STEP_ATTR, LeaseReports, LeaseStep
 from .prefill_leases import NONCE_KEY, SLOT_KEY, PrefillLeases
@@ -62,6 +66,8 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
     # Class defaults: an instance that skipped __init__ is vLLM's scheduler.
     _kvl_prefill: PrefillLeases | None = None
     _kvl_forward_fields: bool = False
+    #: D: the lease fields of the heartbeated requests (compact heartbeats).
+    _kvl_heartbeats: HeartbeatLeases | None = None
 
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
         check_vllm_version()
@@ -85,6 +91,25 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
                 settings.config.lease_slots,
             )
         self._kvl_forward_fields = settings.consumer
+        if settings.consumer:
+            self._kvl_heartbeats = HeartbeatLeases()
+
+    def on_new_request(self, request: Any) -> None:
+        super().on_new_request(request)
+        book = self._kvl_heartbeats
+        if book is None:
+            return
+        # vLLM heartbeats the request only if it took it in here.
+        key = self._heartbeat_req_engine.get(request.request_id)
+        if key is not None:
+            book.track(key[0], key[1], read_fields(request.kv_transfer_params))
+
+    def _stop_heartbeat(self, req_id: str) -> None:
+        book = self._kvl_heartbeats
+        key = self._heartbeat_req_engine.get(req_id) if book is not None else None
+        super()._stop_heartbeat(req_id)
+        if key is not None:
+            book.stop(key[0], key[1])
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
         super().update_state_after_alloc(request, blocks, num_external_tokens)
@@ -105,6 +130,11 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
         if prefill is not None:
             prefill.assign_scheduled(now)
         meta = super().build_connector_meta(scheduler_output)
+        heartbeats = {}
+        book = self._kvl_heartbeats
+        if book is not None and meta.heartbeat_by_engine:
+            # A heartbeat round (vLLM's throttle chose this step).
+            heartbeats = book.round(meta.heartbeat_by_engine)
         directives = b""
         if prefill is not None:
             # Every id kvlease holds stays out of vLLM's worker tracking, not
@@ -118,8 +148,12 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
                 meta.reqs_in_batch = meta.reqs_in_batch - ours
             prefill.drain_between_steps()
             directives = prefill.directives(now)
-        if directives or fields:
-            setattr(meta, STEP_ATTR, LeaseStep(directives=directives, read_fields=fields))
+        if directives or fields or heartbeats:
+            setattr(
+                meta,
+                STEP_ATTR,
+                LeaseStep(directives=directives, read_fields=fields, heartbeats=heartbeats),
+            )
         return meta
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:

@@ -19,6 +19,11 @@ every lease; the rank's reports leave through ``build_connector_worker_meta``
 this worker never reports them in ``finished_sending``: the scheduler does,
 once every rank let go (no double report).
 
+D: heartbeats to a P agent whose advert accepts compact heartbeats go out
+as ``HBC:`` (slot, nonce) records for the requests with lease fields
+(``compact_heartbeats.py``); every other agent, and every request without
+lease fields, gets vLLM's ``HB:`` message.
+
 D: the block READs of a request read from a P that advertises lease slots
 are posted without their read-done; when they all completed the request is
 held out of ``finished_recving`` until its slot check decides; then it is
@@ -54,6 +59,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 
 from ..errors import KvLeaseError
 from . import handshake_adverts
+from .compact_heartbeats import CompactSends, compact_targets
 from .compat import check_vllm_version
 from .load_checks import LeaseRead, LoadChecks
 from .log_limit import RateLimitedLog
@@ -292,6 +298,26 @@ class KvLeaseWorker(NixlPullConnectorWorker):
         if gate.stripped or held_split:
             lease.reads.append((agent_name, peer[0], expected_consumers))
         return ok
+
+    def _send_heartbeats(self, metadata: NixlConnectorMetadata) -> None:
+        checks = self._kvl_checks
+        step = getattr(metadata, STEP_ATTR, None)
+        rounds = step.heartbeats if step is not None else None
+        if checks is None or not rounds:
+            return super()._send_heartbeats(metadata)
+        targets = compact_targets(rounds, self._remote_agents, checks.accepts_compact)
+        if not targets:
+            return super()._send_heartbeats(metadata)
+        # vLLM's method with the agent swapped for its length: its HB:
+        # message to an agent that accepts compact heartbeats becomes the
+        # engine's HBC: messages (compact_heartbeats.py); every other agent
+        # gets vLLM's bytes.
+        sends = CompactSends(self.nixl_wrapper, targets)
+        self.nixl_wrapper = sends
+        try:
+            super()._send_heartbeats(metadata)
+        finally:
+            self.nixl_wrapper = sends.agent
 
     def get_transfer_results(self) -> KVConnectorTransferResults:
         results = super().get_transfer_results()

@@ -399,6 +399,10 @@ class Engine:
                 rep["p_scheduler_held"] = prefill.sched.held
         if cs._reqs_need_send:
             rep["stock_reqs_need_send"] = list(cs._reqs_need_send)
+        book = getattr(cs, "_kvl_heartbeats", None)
+        if book is not None and book.size():
+            # Lease fields of requests D no longer heartbeats.
+            rep["d_heartbeat_fields"] = book.size()
         for r, w in enumerate(self.workers):
             cw = w.connector_worker
             if cw._reqs_to_send:

@@ -27,8 +27,13 @@ class AgentProxy:
         setattr(self.agent, name, value)
 
 
+#: Both heartbeat forms: vLLM's text one, and kvlease's compact one between
+#: kvlease peers.
+HEARTBEATS = (b"HB:", b"HBC:")
+
+
 class DropHeartbeats(AgentProxy):
-    """D side: while ``on``, heartbeats (``HB:``) are not sent."""
+    """D side: while ``on``, heartbeats (``HB:`` and ``HBC:``) are not sent."""
 
     def __init__(self, agent: Any) -> None:
         super().__init__(agent)
@@ -36,14 +41,15 @@ class DropHeartbeats(AgentProxy):
         object.__setattr__(self, "dropped", 0)
 
     def send_notif(self, agent_name: Any, notif_msg: bytes = b"", **kw: Any) -> Any:
-        if self.on and bytes(notif_msg).startswith(b"HB:"):
+        if self.on and bytes(notif_msg).startswith(HEARTBEATS):
             object.__setattr__(self, "dropped", self.dropped + 1)
             return None
         return self.agent.send_notif(agent_name, notif_msg=notif_msg, **kw)
 
 
 class HeartbeatClock(AgentProxy):
-    """P side: the wall time of the last heartbeat drained, and their count."""
+    """P side: the wall time of the last heartbeat (either form) drained,
+    and their count."""
 
     def __init__(self, agent: Any) -> None:
         super().__init__(agent)
@@ -57,7 +63,7 @@ class HeartbeatClock(AgentProxy):
         for msgs in got.values():
             self.received.extend(bytes(m) for m in msgs)
             for m in msgs:
-                if bytes(m).startswith(b"HB:"):
+                if bytes(m).startswith(HEARTBEATS):
                     object.__setattr__(self, "last", time.time())
                     object.__setattr__(self, "count", self.count + 1)
         return got

@@ -1,0 +1,280 @@
+"""Compact heartbeats between kvlease peers (issue 30, item 3): D's
+scheduler keeps the lease fields of the requests vLLM heartbeats and ships
+them as ``HBC:`` messages with each heartbeat round; D's worker sends those
+to a P agent whose advert accepts them, and vLLM's ``HB:`` message, byte for
+byte, to every other agent; requests without lease fields stay in ``HB:``;
+and P renews on both.
+
+The scheduler is built as vLLM's heartbeat tests build theirs
+(``make_nixl_scheduler``), the worker with ``object.__new__``, and the stock
+reference is vLLM's own ``_send_heartbeats`` on the same metadata."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from unittest.mock import MagicMock
+
+import msgspec
+import pytest
+from tests.v1.kv_connector.unit.utils import create_request, make_nixl_scheduler
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import (
+    NixlPullConnectorWorker,
+)
+
+import kvlease
+import kvlease.vllm.worker as worker_mod
+from kvlease.vllm import handshake_adverts
+from kvlease.vllm.compact_heartbeats import MAX_MESSAGE_LEN, HeartbeatLeases
+from kvlease.vllm.load_checks import LoadChecks
+from kvlease.vllm.metadata import STEP_ATTR, KvLeaseHandshakePayload
+from kvlease.vllm.rank_leases import RankLeases
+from kvlease.vllm.scheduler import KvLeaseScheduler
+from kvlease.vllm.stats import KvLeaseConnectorStats
+from kvlease.vllm.worker import KvLeaseWorker
+
+CONFIG = kvlease.LeaseConfig.parse({"kv_lease_duration": 6}, 64, 8)
+ENGINE = "my-engine-id"  # create_request's P engine
+STOCK_ENGINE = "stock-engine"
+
+
+def d_scheduler() -> KvLeaseScheduler:
+    """vLLM's heartbeat-test scheduler, as kvlease's D scheduler."""
+    s = make_nixl_scheduler(heartbeat=True, kv_lease_duration=6)
+    s.__class__ = KvLeaseScheduler
+    s._kvl_heartbeats = HeartbeatLeases()
+    return s
+
+
+def d_request(n: int, fields: tuple[int, int] | None = None, engine: str = ENGINE):
+    r = create_request(request_id=n, do_remote_prefill=True)
+    r.kv_transfer_params["remote_engine_id"] = engine
+    if fields is not None:
+        r.kv_transfer_params["remote_lease_slot"] = fields[0]
+        r.kv_transfer_params["remote_lease_nonce"] = fields[1]
+    return r
+
+
+def heartbeat_round(s: KvLeaseScheduler):
+    s._last_heartbeat_time = time.perf_counter() - 10  # past vLLM's throttle
+    return s.build_connector_meta(MagicMock())
+
+
+def compact_entries(msgs) -> list[tuple[int, int]]:
+    out = []
+    for m in msgs:
+        kind, entries = kvlease.decode_notification(m)
+        assert kind == "compact"
+        out += entries
+    return out
+
+
+def test_a_round_carries_the_fields_of_every_heartbeated_request_with_them():
+    s = d_scheduler()
+    s.on_new_request(d_request(1, (3, 0x5EED)))
+    s.on_new_request(d_request(2, (4, -5)))
+    s.on_new_request(d_request(3))  # no lease fields (a stock or unslotted lease)
+    s.on_new_request(d_request(4, engine=STOCK_ENGINE))  # an engine without any
+    meta = heartbeat_round(s)
+    rounds = getattr(meta, STEP_ATTR).heartbeats
+    assert set(rounds) == {ENGINE}, "an engine without lease fields is vLLM's alone"
+    rnd = rounds[ENGINE]
+    assert sorted(compact_entries(rnd.messages)) == [(3, 0x5EED), (4, -5)]
+    assert rnd.text == b"HB:prefill-3", "the request without fields is renewed by id"
+
+    # A request that stops being heartbeated leaves the next round.
+    s.update_connector_output(MagicMock(finished_recving={"id-1"}))
+    s._stop_heartbeat("id-3")
+    rnd = getattr(heartbeat_round(s), STEP_ATTR).heartbeats[ENGINE]
+    assert compact_entries(rnd.messages) == [(4, -5)] and rnd.text == b""
+
+    # Throttled steps carry nothing of it (vLLM sends no heartbeat then).
+    meta = s.build_connector_meta(MagicMock())
+    assert not meta.heartbeat_by_engine and getattr(meta, STEP_ATTR, None) is None
+
+    # The last one gone: the book is as empty as vLLM's sets.
+    s._stop_heartbeat("id-2")
+    s._stop_heartbeat("id-4")
+    assert s._heartbeat_by_engine == {} and s._kvl_heartbeats.engines() == 0
+
+
+def test_a_round_is_a_snapshot_not_vllms_live_dict():
+    s = d_scheduler()
+    s.on_new_request(d_request(1, (3, 7)))
+    meta = heartbeat_round(s)
+    assert meta.heartbeat_by_engine is s._heartbeat_by_engine  # vLLM's live dict
+    rnd = getattr(meta, STEP_ATTR).heartbeats[ENGINE]
+    s.on_new_request(d_request(2, (4, 8)))
+    s._stop_heartbeat("id-1")
+    assert compact_entries(rnd.messages) == [(3, 7)], "what the round shipped"
+
+
+def test_a_large_round_is_split_to_the_librarys_limit():
+    book = HeartbeatLeases()
+    info = MagicMock(req_ids={f"p-{i}" for i in range(6000)})
+    for i in range(6000):
+        book.track(ENGINE, f"p-{i}", (i, i + 1))
+    rnd = book.round({ENGINE: info})[ENGINE]
+    assert len(rnd.messages) == 3 and all(len(m) <= MAX_MESSAGE_LEN for m in rnd.messages)
+    assert len(compact_entries(rnd.messages)) == 6000 and rnd.text == b""
+
+
+class SendLog:
+    """A NIXL agent that records what is sent, by agent name."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, list[bytes]] = defaultdict(list)
+
+    def send_notif(self, agent_name, notif_msg=b""):
+        self.sent[agent_name].append(bytes(notif_msg))
+
+
+def handshake_advert(advert: bytes | None):
+    """What D's handshake reads from a P rank whose payload carries ``advert``."""
+    payload = KvLeaseHandshakePayload(compatibility_hash="h", agent_metadata_bytes=b"m",
+                                      kv_lease_advert=advert or b"")
+    return handshake_adverts.decode(msgspec.msgpack.encode(payload))
+
+
+REMOTE_AGENTS = {
+    ENGINE: {(0, 0): "p-kvlease", (0, 1): "p-older-kvlease"},
+    STOCK_ENGINE: {(0, 0): "p-stock"},
+}
+
+
+def d_worker(cls: type, checks: LoadChecks | None) -> tuple[object, SendLog]:
+    """A D worker's heartbeat state, as vLLM's tests build workers."""
+    w = object.__new__(cls)
+    w._remote_agents = REMOTE_AGENTS
+    w._engine_last_active = {}
+    w._hb_handshake_notif_only = False
+    w._ensure_handshake = lambda *a, **k: None  # every handshake done
+    w.nixl_wrapper = SendLog()
+    if checks is not None:
+        w._kvl_checks = checks
+    return w, w.nixl_wrapper
+
+
+def test_the_worker_sends_compact_only_to_agents_whose_advert_accepts_it():
+    s = d_scheduler()
+    s.on_new_request(d_request(1, (3, 0x5EED)))
+    s.on_new_request(d_request(2, (4, 9)))
+    s.on_new_request(d_request(3))
+    s.on_new_request(d_request(4, engine=STOCK_ENGINE))
+    meta = heartbeat_round(s)
+
+    checks = LoadChecks(CONFIG, 8, 4, "d-test")
+    rank = RankLeases(CONFIG, 0, time.monotonic())  # a kvlease P rank's own advert
+    checks.record_adverts(
+        {(0, 0): "p-kvlease", (0, 1): "p-older-kvlease", (0, 2): "p-stock"},
+        {
+            (0, 0): handshake_advert(rank.advert()),
+            # A kvlease P from before compact heartbeats: slots, no flag.
+            (0, 1): handshake_advert(kvlease.lease_advert(0x1000, 4096, 512)),
+            (0, 2): handshake_advert(None),
+        },
+    )
+    assert [checks.accepts_compact(a) for a in ("p-kvlease", "p-older-kvlease", "p-stock")] == [
+        True, False, False]
+
+    ours, got = d_worker(KvLeaseWorker, checks)
+    ours._send_heartbeats(meta)
+    vllms, stock = d_worker(NixlPullConnectorWorker, None)
+    vllms._send_heartbeats(meta)
+
+    assert ours.nixl_wrapper is got, "the agent is put back"
+    compact, text = got.sent["p-kvlease"][:-1], got.sent["p-kvlease"][-1]
+    assert sorted(compact_entries(compact)) == [(3, 0x5EED), (4, 9)]
+    assert text == b"HB:prefill-3"
+    # Every agent that does not accept them: vLLM's bytes, exactly.
+    for agent in ("p-older-kvlease", "p-stock"):
+        assert got.sent[agent] == stock.sent[agent], agent
+    assert stock.sent["p-stock"] == [b"HB:prefill-4"]
+    assert ours._engine_last_active.keys() == vllms._engine_last_active.keys() == {
+        ENGINE, STOCK_ENGINE}
+
+
+def test_without_a_round_or_a_checker_the_worker_is_vllms():
+    s = d_scheduler()
+    s.on_new_request(d_request(1))  # no fields: no compact round at all
+    meta = heartbeat_round(s)
+    assert getattr(meta, STEP_ATTR, None) is None
+    checks = LoadChecks(CONFIG, 8, 4, "d-test")
+    checks.record_adverts({(0, 0): "p-kvlease"},
+                          {(0, 0): handshake_advert(RankLeases(CONFIG, 0, 0.0).advert())})
+    ours, got = d_worker(KvLeaseWorker, checks)
+    ours._send_heartbeats(meta)
+    assert got.sent["p-kvlease"] == [b"HB:prefill-1"]
+    # A worker built without __init__ (vLLM's tests) has no checker.
+    s.on_new_request(d_request(2, (1, 2)))
+    meta = heartbeat_round(s)
+    bare, got = d_worker(KvLeaseWorker, None)
+    bare._send_heartbeats(meta)
+    assert sorted(got.sent["p-kvlease"][0][3:].split(b",")) == [b"prefill-1", b"prefill-2"]
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.pending: dict[str, list[bytes]] = {}
+
+    def get_new_notifs(self):
+        out, self.pending = self.pending, {}
+        return out
+
+
+def p_worker() -> KvLeaseWorker:
+    w = object.__new__(KvLeaseWorker)
+    w._kvl_rank = RankLeases(CONFIG, 0, time.monotonic())
+    w._reqs_to_send = {}
+    w._reqs_to_process = set()
+    w.consumer_notification_counts_by_req = defaultdict(int)
+    w.expected_consumer_notifications_by_req = {}
+    w.xfer_stats = KvLeaseConnectorStats()
+    w._lease_extension = 4
+    w.nixl_wrapper = Inbox()
+    return w
+
+
+def test_p_renews_on_what_d_sends_and_ignores_a_wrong_nonce(monkeypatch):
+    p = p_worker()
+    sched = kvlease.PrefillScheduler(CONFIG, 1, time.monotonic())
+    now = time.monotonic()
+    fields = {}
+    for rid in ("a", "b"):
+        fields[rid] = sched.assign(rid, now)
+        sched.start(rid, now)
+    p._kvl_rank.apply_directives(sched.encode_directives(now), now)
+    p._reqs_to_send["stock"] = time.perf_counter() + 0.5  # a lease vLLM holds
+
+    d = d_scheduler()
+    d.on_new_request(d_request(1, fields["a"]))
+    slot_b, nonce_b = fields["b"]
+    d.on_new_request(d_request(2, (slot_b, nonce_b + 1)))  # not b's lease any more
+    stock = d_request(3)
+    stock.kv_transfer_params["remote_request_id"] = "stock"  # vLLM's lease on P
+    d.on_new_request(stock)
+    checks = LoadChecks(CONFIG, 8, 4, "d-test")
+    checks.record_adverts({(0, 0): "p-kvlease"}, {(0, 0): handshake_advert(p._kvl_rank.advert())})
+    d_w, sent = d_worker(KvLeaseWorker, checks)
+    d_w._send_heartbeats(heartbeat_round(d))
+    msgs = sent.sent["p-kvlease"]
+    assert msgs[0].startswith(b"HBC:") and msgs[-1] == b"HB:stock"
+
+    before = {rid: p._kvl_rank.rank.expiry(rid) for rid in ("a", "b")}
+    t = time.monotonic() + 5
+    monkeypatch.setattr(worker_mod, "_now", lambda: t)
+    p.nixl_wrapper.pending = {"d-agent": msgs}
+    assert p._get_new_notifs() == set()
+    c = p._kvl_rank.rank.counters()
+    assert p._kvl_rank.rank.expiry("a") > before["a"], "renewed by its (slot, nonce)"
+    assert p._kvl_rank.rank.expiry("b") == before["b"], "a stale nonce renews nothing"
+    assert c["renewed"] == 1 and c["renew_nonce_mismatch"] == 1 and c["malformed_notifications"] == 0
+    assert p._reqs_to_send["stock"] >= time.perf_counter() + 3.5, "HB: still renews vLLM's"
+
+
+@pytest.mark.parametrize("bad", [b"HBC:", b"HBC:0000000", b"HBC:" + b"z" * 24])
+def test_a_malformed_compact_heartbeat_is_counted_and_renews_nothing(bad):
+    p = p_worker()
+    p.nixl_wrapper.pending = {"d-agent": [bad]}
+    assert p._get_new_notifs() == set()
+    assert p._kvl_rank.malformed == 1
