@@ -206,4 +206,15 @@ def test_lease_fields_from_params_never_raise(params):
     got = read_fields(params)
     if got is not None:
         slot, nonce = got
+        assert type(slot) is int and type(nonce) is int
         assert 0 <= slot < 2**32 and nonce != 0 and -(2**63) <= nonce < 2**63
+
+
+def test_lease_fields_written_back_as_doubles_are_read():
+    # A router that re-encodes every number as a double may write 7.0.
+    assert read_fields({"remote_lease_slot": 7.0, "remote_lease_nonce": 2.0**52 + 1}) == (
+        7, 2**52 + 1)
+    # A fraction, a double past 2^53 (not exact any more), a bool: not lease fields.
+    assert read_fields({"remote_lease_slot": 7.5, "remote_lease_nonce": 9}) is None
+    assert read_fields({"remote_lease_slot": 7, "remote_lease_nonce": 2.0**60}) is None
+    assert read_fields({"remote_lease_slot": True, "remote_lease_nonce": 9}) is None

@@ -47,13 +47,28 @@ def _now() -> float:
     return time.monotonic()
 
 
+_F53 = float(1 << 53)
+
+
+def _as_int(v: Any) -> int | None:
+    """An int field as a router may hand it back: an int, or a float with no
+    fraction below 2^53 (a router that re-encodes every JSON number as a
+    double writes ``7.0``; kvlease's own nonces are below 2^53, so the value
+    is exact). Anything else (bools, fractions, NaN, text) is None."""
+    if type(v) is int:
+        return v
+    if type(v) is float and abs(v) < _F53 and v == int(v):
+        return int(v)
+    return None
+
+
 def read_fields(params: dict[str, Any] | None) -> tuple[int, int] | None:
     """``(slot, nonce)`` from a request's ``kv_transfer_params``, or None when
     absent or not the seed's form (outside input: a router may mangle it)."""
     if not params:
         return None
-    slot, nonce = params.get(SLOT_KEY), params.get(NONCE_KEY)
-    if type(slot) is not int or type(nonce) is not int:
+    slot, nonce = _as_int(params.get(SLOT_KEY)), _as_int(params.get(NONCE_KEY))
+    if slot is None or nonce is None:
         return None
     if not (0 <= slot < _U32) or not (-_I64 <= nonce < _I64) or nonce == 0:
         return None
