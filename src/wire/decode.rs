@@ -73,6 +73,14 @@ pub(super) fn decode_compact(body: &[u8]) -> Result<CompactEntries<'_>, WireErro
     if body.len() % COMPACT_RECORD_LEN != 0 {
         return Err(WireError::Truncated);
     }
+    // The common case, a well-formed body, in two branch-free passes: every
+    // byte a hex digit (a fold LLVM vectorises, 16 bytes an instruction on
+    // baseline x86-64), and no record whose nonce is all '0'. Only a body
+    // that fails them takes the record-by-record loop below, which names
+    // the error.
+    if all_hex(body) && !any_zero_nonce(body) {
+        return Ok(CompactEntries { records: body });
+    }
     let mut rest = body;
     while let Some((rec, tail)) = rest.split_first_chunk::<COMPACT_RECORD_LEN>() {
         rest = tail;
@@ -89,6 +97,26 @@ pub(super) fn decode_compact(body: &[u8]) -> Result<CompactEntries<'_>, WireErro
         }
     }
     Ok(CompactEntries { records: body })
+}
+
+/// Whether every byte of `b` is a hex digit (either case).
+fn all_hex(b: &[u8]) -> bool {
+    // Branch-free per byte, so that the fold vectorises: a digit is
+    // '0'..='9' (0x30..0x39); a letter, with bit 5 set, 'a'..='f'.
+    let not_hex =
+        |c: u8| u8::from(!((c.wrapping_sub(b'0') < 10) | ((c | 0x20).wrapping_sub(b'a') < 6)));
+    b.iter().fold(0u8, |acc, &c| acc | not_hex(c)) == 0
+}
+
+/// Whether some record of `body` (a whole number of records) has a nonce of
+/// sixteen '0' digits.
+fn any_zero_nonce(body: &[u8]) -> bool {
+    body.chunks_exact(COMPACT_RECORD_LEN)
+        .filter_map(|r| r.first_chunk::<COMPACT_RECORD_LEN>())
+        .fold(false, |z, r| {
+            let (_, hi, lo) = record_words(r);
+            z | ((hi == ASCII_ZEROS) & (lo == ASCII_ZEROS))
+        })
 }
 
 pub(super) fn decode_read_done(msg: &[u8]) -> Result<ReadDone<'_>, WireError> {

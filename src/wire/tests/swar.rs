@@ -154,3 +154,44 @@ fn decimal_roundtrip() {
         assert_eq!(parse_consumers(&out[2..n]), Ok(v));
     }
 }
+
+// -- The compact body's fast path against a record-by-record reference --
+
+/// `decode_compact`'s verdict, written the slow way: the first bad record
+/// names the error (slot before nonce), as the loop behind the fast path does.
+fn scalar_compact(body: &[u8]) -> Result<(), WireError> {
+    if body.is_empty() {
+        return Err(WireError::NoEntries);
+    }
+    if body.len() % COMPACT_RECORD_LEN != 0 {
+        return Err(WireError::Truncated);
+    }
+    for rec in body.chunks(COMPACT_RECORD_LEN) {
+        scalar_hex(&rec[..8]).ok_or(WireError::BadSlot)?;
+        let hi = scalar_hex(&rec[8..16]).ok_or(WireError::BadNonce)?;
+        let lo = scalar_hex(&rec[16..]).ok_or(WireError::BadNonce)?;
+        if hi == 0 && lo == 0 {
+            return Err(WireError::ZeroNonce);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn compact_fast_path_agrees_with_the_record_loop_for_every_byte_in_every_position() {
+    // Three records, so a bad byte lands in the first, a middle and the last.
+    let good = b"0000000700000000000000ffABCDEF0123456789abcdef01FFFFFFFFffffffffffffffff";
+    let zero_nonce_last =
+        b"000000070000000000000001000000010000000000000002000000030000000000000000";
+    for base in [&good[..], &zero_nonce_last[..]] {
+        for pos in 0..base.len() {
+            for b in 0..=255u8 {
+                let mut body = base.to_vec();
+                body[pos] = b;
+                let want = scalar_compact(&body);
+                let got = decode_compact(&body).map(|_| ());
+                assert_eq!(got, want, "byte {b:#04x} at {pos}");
+            }
+        }
+    }
+}
