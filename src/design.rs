@@ -88,6 +88,29 @@
 //! is granted without verification fields, and verifying decoders decline
 //! it). Counting-allocator tests prove 0 heap allocations in steady steps.
 //!
+//! # Push mode: the same lease, the other way round
+//!
+//! In push mode P WRITEs into blocks D registered, and the hazard mirrors
+//! pull mode's: D must not free (and reuse) a block while a WRITE into it
+//! can still land, yet must not keep it for good when the WRITE cannot
+//! come. [`crate::push`] makes the registration a **write permit** with a
+//! deadline on D's clock: P posts only while the deadline, translated by
+//! its clock-offset estimate and widened by the estimate's bound, is ahead;
+//! a posted WRITE lands within an explicit `write_bound`; so at
+//! `deadline + write_bound` (plus drift) on its own clock D may free without
+//! P's word (the fence). P heartbeats D while it holds a registration
+//! (`PHB:`), D renews the permit (`PRN:`), and every end P reports (`PEND:`
+//! written, refused, ended) lets D free earlier. D's abort is a revocation
+//! (`PRV:`): it ends on P's answer, given only once no WRITE is in flight,
+//! or at the fence. Owners: `PushPermits` (D), `PushWrites` (P).
+//!
+//! ```text
+//!  D: register ── permit(slot, nonce, deadline on D's clock) ──▶ P: gate open? post : refuse
+//!     PHB: ◀── P holds it (every interval)     PRN: ──▶ later deadline
+//!     PEND:W/R/X ◀── P's word: free now        PRV: ──▶ stop; answer when nothing is in flight
+//!     no word by deadline + write_bound (+ drift): free (Lapsed / Revoked)
+//! ```
+//!
 //! # Concurrency
 //!
 //! The engine loop owns the roles: no locks there. Shared state is small and

@@ -137,6 +137,9 @@ pub mod clock_ping;
 pub mod decoder_cache;
 pub mod turn2_read;
 
+// ---- push mode (P WRITEs into blocks D registered): the guard ---------------------
+pub mod push;
+
 // ---- between processes: role messages, notifications, the network ---------------
 pub mod fabric;
 pub use fabric::{Fabric, FabricError};
