@@ -4,6 +4,7 @@
 # router in front, stock NixlConnector as the control. .ci/run step 11.
 #
 #   py/engine/run.sh            the cases (py/engine/test_real_engine.py), then the table
+#   py/engine/run.sh cases -k overload   some of them (the rest is passed to pytest)
 #   py/engine/run.sh bench      the cost benchmark (py/engine/bench.py), not a test
 #
 # Builds everything it needs (py/engine/env.sh: the venv, vLLM's toy proxy,
@@ -15,6 +16,7 @@ cd "$repo_root"
 t_all=$(date +%s)
 eval "$(py/engine/env.sh)"
 what="${1:-cases}"
+[ $# -gt 0 ] && shift
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${repo_root}/target}"
 wheel="$(ls -t "${CARGO_TARGET_DIR}"/wheels-vllm/kvlease-*.whl 2>/dev/null | head -1 || true)"
@@ -33,7 +35,7 @@ cases)
     t=$(date +%s)
     set +e
     (cd py/engine && "$ENGINE_PYTHON" -m pytest -q -p no:cacheprovider -rfEsxX -s \
-        --durations=0 --junitxml="${ENGINE_WORK}/results/real-engine.xml" test_real_engine.py) \
+        --durations=0 --junitxml="${ENGINE_WORK}/results/real-engine.xml" test_real_engine.py "$@") \
         > "${ENGINE_WORK}/results/real-engine.log" 2>&1
     rc=$?
     set -e

@@ -126,14 +126,18 @@ async def complete(session: aiohttp.ClientSession, base_url: str, prompt: list[i
 
 async def complete_all(base_url: str, prompts: list[list[int]], *, concurrency: int = 4,
                        holds: list[float] | None = None, stream: bool = False,
-                       max_tokens: int = MAX_TOKENS, prefix: str = "req") -> list[Answer]:
-    """Sends every prompt with at most ``concurrency`` in flight; answers in
-    prompt order."""
+                       max_tokens: int = MAX_TOKENS, prefix: str = "req",
+                       stagger_s: float = 0.0) -> list[Answer]:
+    """Sends every prompt with at most ``concurrency`` in flight, the i-th no
+    earlier than ``i * stagger_s`` seconds after the first; answers in prompt
+    order. Request ids are ``{prefix}-{i}-{8 hex digits}``."""
     sem = asyncio.Semaphore(concurrency)
     holds = holds or [0.0] * len(prompts)
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async def one(i: int) -> Answer:
+            if stagger_s > 0:
+                await asyncio.sleep(i * stagger_s)
             async with sem:
                 return await complete(session, base_url, prompts[i], hold_s=holds[i],
                                       stream=stream, max_tokens=max_tokens,

@@ -278,3 +278,29 @@ def test_a_malformed_compact_heartbeat_is_counted_and_renews_nothing(bad):
     p.nixl_wrapper.pending = {"d-agent": [bad]}
     assert p._get_new_notifs() == set()
     assert p._kvl_rank.malformed == 1
+
+
+def test_d_warns_when_its_engine_took_no_step_for_longer_than_the_extension(monkeypatch, caplog):
+    """Heartbeats go out from the step loop: a D whose steps stop for longer
+    than the lease extension (a stalled or starved engine) sends none, and P
+    may let the waiting requests' leases go. D says so, once per gap; a gap
+    with nothing to heartbeat is no stall."""
+    import kvlease.vllm.scheduler as sched_mod
+
+    s = d_scheduler()
+    s._kvl_extension = 4.0
+    s._kvl_log = sched_mod.RateLimitedLog(sched_mod.logger, interval=0.0)
+    clock = [1000.0]
+    monkeypatch.setattr(sched_mod, "_now", lambda: clock[0])
+    caplog.set_level("WARNING", logger="vllm.kvlease.scheduler")
+    s.build_connector_meta(MagicMock())  # nothing to heartbeat: no stall
+    clock[0] += 30.0
+    s.on_new_request(d_request(1, (3, 77)))
+    s.build_connector_meta(MagicMock())
+    clock[0] += 3.9
+    s.build_connector_meta(MagicMock())
+    assert not [r for r in caplog.records if "took no step" in r.getMessage()]
+    clock[0] += 6.5  # the engine stalled 6.5 s with a request waiting
+    s.build_connector_meta(MagicMock())
+    lines = [r.getMessage() for r in caplog.records if "took no step" in r.getMessage()]
+    assert len(lines) == 1 and "6.5 s" in lines[0] and "4.0 s" in lines[0], lines

@@ -32,6 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
 
 from .compact_heartbeats import HeartbeatLeases
 from .compat import check_vllm_version
+from .log_limit import RateLimitedLog
 from .metadata import STEP_ATTR, LeaseReports, LeaseStep
 from .prefill_leases import NONCE_KEY, SLOT_KEY, PrefillLeases
 from .settings import lease_settings
@@ -83,6 +84,11 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
     _kvl_forward_fields: bool = False
     #: D: the lease fields of the heartbeated requests (compact heartbeats).
     _kvl_heartbeats: HeartbeatLeases | None = None
+    #: D: when a step last saw requests to heartbeat (None: none then), and
+    #: the lease extension a step gap must stay under (stall warning).
+    _kvl_hb_seen: float | None = None
+    _kvl_extension: float = 0.0
+    _kvl_log: RateLimitedLog = RateLimitedLog(logger)
 
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
         check_vllm_version()
@@ -108,6 +114,8 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
         self._kvl_forward_fields = settings.consumer
         if settings.consumer:
             self._kvl_heartbeats = HeartbeatLeases()
+            self._kvl_extension = settings.config.lease_extension
+            self._kvl_log = RateLimitedLog(logger)
 
     def on_new_request(self, request: Any) -> None:
         super().on_new_request(request)
@@ -145,6 +153,8 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
         if prefill is not None:
             prefill.assign_scheduled(now)
         meta = super().build_connector_meta(scheduler_output)
+        if self._kvl_heartbeats is not None:
+            self._kvl_note_step_gap(now)
         heartbeats = {}
         book = self._kvl_heartbeats
         if book is not None and meta.heartbeat_by_engine:
@@ -170,6 +180,28 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
                 LeaseStep(directives=directives, read_fields=fields, heartbeats=heartbeats),
             )
         return meta
+
+    def _kvl_note_step_gap(self, now: float) -> None:
+        """D: warns when the engine took no step for longer than the lease
+        extension while requests waited to be heartbeated. Heartbeats go out
+        from the step loop, so after such a gap P may have let their leases
+        go; their loads then fail the lease check and are recomputed (never
+        a wrong answer), and this line says why."""
+        if not self._heartbeat_by_engine:
+            self._kvl_hb_seen = None
+            return
+        seen = self._kvl_hb_seen
+        self._kvl_hb_seen = now
+        if seen is not None and now - seen > self._kvl_extension:
+            self._kvl_log.warning(
+                "step_gap",
+                "kvlease: D's engine took no step for %.1f s while requests waited for P's "
+                "KV (longer than the lease extension, %.1f s): no heartbeat went out, so P "
+                "may have let their leases go; such loads fail the lease check and are "
+                "recomputed",
+                now - seen,
+                self._kvl_extension,
+            )
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         delay_free, params = super().request_finished(request, block_ids)
