@@ -129,6 +129,8 @@
 //! (a configuration mismatch between ranks); a restarted worker
 //! (`rank_restarted`); D's tracker, sender and verifier as real code.
 
+pub mod push;
+pub mod push_replay;
 pub mod replay;
 
 use std::collections::BTreeMap;
