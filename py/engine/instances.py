@@ -43,6 +43,10 @@ COMMON_FLAGS = [
 #: The pause of NIXL's progress thread between progress calls, in
 #: microseconds (0: NIXL's own busy loop).
 NIXL_PROGRESS_DELAY_US = 1000
+#: How long an idle reader of vLLM's shared-memory step queue sleeps before
+#: it looks again without a wake-up, in ms (vLLM: 5,000; a missed wake-up
+#: stalled D for multiples of 5 s: plugins/kvlease_engine_plugins.py).
+SHM_RECHECK_MS = 50
 
 #: How long an instance may take to answer /health after it starts.
 START_TIMEOUT_S = 240.0
@@ -140,6 +144,9 @@ class Instance:
             # (plugins/kvlease_engine_plugins.py); "0" keeps NIXL's own.
             KVLEASE_ENGINE_NIXL_PROGRESS_DELAY_US=env.get(
                 "ENGINE_NIXL_PROGRESS_DELAY_US", str(NIXL_PROGRESS_DELAY_US)),
+            # A missed wake-up in vLLM's step queue costs 5 s otherwise
+            # (plugins/kvlease_engine_plugins.py); "" keeps vLLM's 5 s.
+            KVLEASE_ENGINE_SHM_RECHECK_MS=env.get("ENGINE_SHM_RECHECK_MS", str(SHM_RECHECK_MS)),
         )
         env.update(self.spec.env)
         return env

@@ -1,14 +1,17 @@
 """vLLM general plugins for the real-engine cases (entry point group
 ``vllm.general_plugins``, installed into .venv-engine by py/engine/env.sh).
 
-Owns two test-environment switches, each off unless its variable is set:
+Owns three test-environment switches, each off unless its variable is set:
 
 - ``KVLEASE_ENGINE_ASYNC_SCHEDULING=1``: async scheduling back on in vLLM's
   CPU engine;
 - ``KVLEASE_ENGINE_NIXL_PROGRESS_DELAY_US=<us>``: the pause of NIXL's
-  progress thread between two progress calls.
+  progress thread between two progress calls;
+- ``KVLEASE_ENGINE_SHM_RECHECK_MS=<ms>``: how long an idle reader of vLLM's
+  shared-memory message queue sleeps before it looks again without a
+  wake-up (vLLM: 5,000 ms).
 
-Nothing else: with both unset the plugin changes nothing.
+Nothing else: with all unset the plugin changes nothing.
 
 Why: vLLM's CPU platform switches async scheduling off ("not required on
 CPU", ``CpuPlatform.check_and_update_config``), while GPU builds of vLLM
@@ -29,11 +32,35 @@ logger = logging.getLogger("vllm.kvlease.engine_plugins")
 
 ENV = "KVLEASE_ENGINE_ASYNC_SCHEDULING"
 DELAY_ENV = "KVLEASE_ENGINE_NIXL_PROGRESS_DELAY_US"
+RECHECK_ENV = "KVLEASE_ENGINE_SHM_RECHECK_MS"
 
 
 def register() -> None:
     _slow_nixl_progress_thread()
+    _shorter_shm_recheck()
     _async_scheduling()
+
+
+def _shorter_shm_recheck() -> None:
+    """Why: EngineCore and its workers hand each step over through vLLM's
+    shared-memory queue (``shm_broadcast.py``). A reader spins for 1 s after
+    its last read, then sleeps on a ZMQ wake-up the writer publishes, and
+    looks again after ``SHM_READER_RECHECK_INTERVAL_MS`` (5 s) if none came.
+    On an oversubscribed 2-core machine wake-ups go missing (the writer's
+    PUB socket keeps one, with a high-water mark of 1), and each miss costs
+    a whole 5 s: D's engine then takes no step, and sends no heartbeat, for
+    5, 10, 15 or 20 s (measured: stalls in multiples of 5 s, EngineCore and
+    worker both asleep in ``SpinCondition.wait``; issue 28's finding 7, and
+    the lead its push-mode trace gave: ``Poller timed out``). The variable
+    shortens the recheck, bounding a missed wake-up; the module constant is
+    read at every wait, so setting it here, in every vLLM process, is
+    enough."""
+    ms = os.environ.get(RECHECK_ENV)
+    if not ms:
+        return
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS = int(ms)
 
 
 def _slow_nixl_progress_thread() -> None:
