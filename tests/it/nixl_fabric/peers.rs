@@ -86,6 +86,7 @@ fn two_hundred_p_restarts_in_a_row_still_work() {
     let d_land = register_words(&mut d, &mut landing);
     let mut drain = EngineDrain::new();
     let mut p_names = Vec::with_capacity(ROUNDS);
+    let mut send_retries = 0u32;
     let t0 = std::time::Instant::now();
     for round in 0..ROUNDS {
         // A P worker starts: a new agent with a name of its own, a lease
@@ -131,10 +132,23 @@ fn two_hundred_p_restarts_in_a_row_still_work() {
             assert_eq!(remote_slots, slot_region);
         }
 
-        // A heartbeat reaches P, from D.
+        // A heartbeat reaches P, from D. Over UCX TCP the first send to a
+        // fresh agent can find its endpoint not yet up ("peer unreachable",
+        // seen once in 200 rounds under a loaded CI): that is the typed
+        // outcome the heartbeat sender retries on its next round, so the
+        // test retries too, within the same wait, and counts it.
         let hb = format!("HBC:{slot}:{}", nonce.get());
-        d.send_notification(id, hb.as_bytes())
-            .unwrap_or_else(|e| panic!("round {round}: heartbeat: {e}"));
+        let mut last_err = None;
+        poll_until(WAIT, || match d.send_notification(id, hb.as_bytes()) {
+            Ok(()) => Some(()),
+            Err(e) => {
+                send_retries += 1;
+                last_err = Some(e);
+                drain.step(&d_agent);
+                None
+            }
+        })
+        .unwrap_or_else(|| panic!("round {round}: heartbeat: {last_err:?}"));
         let mut heard = None;
         poll_until(WAIT, || {
             drain.step(&d_agent);
@@ -187,7 +201,7 @@ fn two_hundred_p_restarts_in_a_row_still_work() {
         );
     }
     say(&format!(
-        "nixl: {ROUNDS} P restarts against a {TABLE}-entry peer table: {:.2} s ({:.1} ms per restart); {s:?}",
+        "nixl: {ROUNDS} P restarts against a {TABLE}-entry peer table: {:.2} s ({:.1} ms per restart), {send_retries} heartbeat sends retried; {s:?}",
         took.as_secs_f64(),
         took.as_secs_f64() * 1e3 / ROUNDS as f64
     ));
