@@ -154,15 +154,7 @@ fn decode_pong(body: &[u8]) -> Result<ClockMessage, ClockMsgError> {
 }
 
 fn hex_u64(digits: &[u8]) -> Result<u64, ClockMsgError> {
-    digits.iter().try_fold(0u64, |acc, &c| {
-        let v = match c {
-            b'0'..=b'9' => c - b'0',
-            b'a'..=b'f' => c - b'a' + 10,
-            b'A'..=b'F' => c - b'A' + 10,
-            _ => return Err(ClockMsgError::NotHex),
-        };
-        Ok((acc << 4) | u64::from(v))
-    })
+    crate::wire::scalar_hex(digits).ok_or(ClockMsgError::NotHex)
 }
 
 fn put_hex(v: u64, out: &mut [u8]) {

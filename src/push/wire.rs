@@ -246,15 +246,7 @@ impl Iterator for Records<'_, END_RECORD_LEN> {
 }
 
 fn hex_value(digits: &[u8]) -> Result<u64, PushWireError> {
-    digits.iter().try_fold(0u64, |v, &c| {
-        let d = match c {
-            b'0'..=b'9' => c - b'0',
-            b'a'..=b'f' => c - b'a' + 10,
-            b'A'..=b'F' => c - b'A' + 10,
-            _ => return Err(PushWireError::BadHex),
-        };
-        Ok((v << 4) | u64::from(d))
-    })
+    crate::wire::scalar_hex(digits).ok_or(PushWireError::BadHex)
 }
 
 fn permit_record(r: &[u8]) -> Result<(u32, Nonce), PushWireError> {

@@ -158,3 +158,13 @@ pub(super) fn encode_u64_hex(v: u64) -> [u8; NONCE_HEX_LEN] {
     b.copy_from_slice(&lo);
     out
 }
+
+/// The value of up to 16 hex digits (either case), scalar: for the short
+/// fields of the rarer messages (clock pings, push records), where the SWAR
+/// word decoders' fixed width does not fit. `None` on any other byte.
+pub(crate) fn scalar_hex(digits: &[u8]) -> Option<u64> {
+    digits.iter().try_fold(0u64, |acc, &c| {
+        let v = (c as char).to_digit(16)?;
+        Some((acc << 4) | u64::from(v))
+    })
+}

@@ -474,6 +474,7 @@ impl fmt::Debug for CompactEntries<'_> {
 mod decode;
 mod encode;
 mod hex;
+pub(crate) use hex::scalar_hex;
 #[cfg(test)]
 mod tests;
 
