@@ -52,10 +52,52 @@ SHM_RECHECK_MS = 50
 START_TIMEOUT_S = 240.0
 
 
-def free_port() -> int:
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out by itself (Linux's default
+    range starts at 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+#: Ports this process handed out (never handed twice in one run).
+_handed: set[int] = set()
+#: Where the next search starts: below the ephemeral range, spread by pid so
+#: that two runs on one machine start apart.
+_next = [10000 + (os.getpid() * 7919) % 10000]
+
+
+def free_port(span: int = 1) -> int:
+    """The first of ``span`` consecutive ports nothing listens on, below the
+    kernel's ephemeral range.
+
+    Why not ``bind(0)``: that hands out an ephemeral port and frees it, and
+    until the instance binds it, any of the dozens of sockets a fleet opens
+    meanwhile (vLLM's ZMQ queues, UCX's TCP endpoints, gloo) may be given the
+    same port: once, d-stock's NIXL side channel found its port taken ("Address
+    already in use") and the instance never answered. The kernel never hands
+    out a port below its ephemeral range by itself, so a port found free there
+    stays free until the instance that was told it binds it."""
+    high = min(_ephemeral_low(), 65536) - span
+    for _ in range(20000):
+        port = _next[0]
+        _next[0] = port + span if port + span < high else 10000
+        ports = range(port, port + span)
+        if any(p in _handed for p in ports) or not all(_bindable(p) for p in ports):
+            continue
+        _handed.update(ports)
+        return port
+    raise RuntimeError(f"no {span} free consecutive ports below {high + span}")
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
@@ -101,7 +143,8 @@ class Instance:
         self.spec = spec
         self.model = model
         self.port = free_port()
-        self.side_channel_port = free_port()
+        # vLLM's NIXL side channel: one port per TP rank from this one.
+        self.side_channel_port = free_port(span=max(spec.tp, 1))
         self.log_path = logs / f"{spec.name}-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0

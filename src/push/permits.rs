@@ -21,7 +21,7 @@
 
 use core::time::Duration;
 
-use super::wire::{self, EndCode, MessageWriter, PermitFields, PushMessage, PushWireError};
+use super::wire::{self, EndCode, PeerMessages, PermitFields, PushMessage, PushWireError};
 use super::{PushConfig, PushError};
 use crate::collections::{DenseSet, FreeStack};
 use crate::nonce::{Nonce, NonceSource};
@@ -354,53 +354,36 @@ impl PushPermits {
 
     fn send_owed(&mut self, emit: &mut impl FnMut(u16, &[u8])) {
         let mut sent = 0u64;
+        let mut out = |peer: u16, m: &[u8]| {
+            sent += 1;
+            emit(peer, m)
+        };
         for (set, renew) in [(&mut self.renews, true), (&mut self.revokes, false)] {
             let prefix = if renew {
                 wire::RENEW_PREFIX
             } else {
                 wire::REVOKE_PREFIX
             };
-            let mut w = MessageWriter::new(&mut self.scratch, prefix);
-            let mut peer = None;
+            let mut w = PeerMessages::new(&mut self.scratch, prefix);
             while let Some(slot) = set.get(0) {
                 set.remove(slot);
                 let p = self.permits[slot as usize];
                 let Some(nonce) = Nonce::new(p.nonce) else {
                     continue;
                 };
-                let to = p.peer;
-                if peer.is_some_and(|q| q != to) {
-                    let q = peer.unwrap_or(to);
-                    w.flush(&mut |m: &[u8]| {
-                        sent += 1;
-                        emit(q, m)
-                    });
-                }
-                peer = Some(to);
-                let mut out = |m: &[u8]| {
-                    sent += 1;
-                    emit(to, m)
-                };
                 // The scratch holds at least one record (PushConfig::validate).
                 let _ = if renew {
-                    w.renew(
-                        PermitFields {
-                            slot,
-                            nonce,
-                            deadline: p.deadline,
-                        },
-                        &mut out,
-                    )
+                    let f = PermitFields {
+                        slot,
+                        nonce,
+                        deadline: p.deadline,
+                    };
+                    w.renew(p.peer, f, &mut out)
                 } else {
-                    w.permit(slot, nonce, &mut out)
+                    w.permit(p.peer, slot, nonce, &mut out)
                 };
             }
-            if let Some(q) = peer {
-                w.flush(&mut |m: &[u8]| {
-                    sent += 1;
-                    emit(q, m)
-                });
-            }
+            w.finish(&mut out);
         }
         self.counters.messages_sent += sent;
     }

@@ -470,3 +470,22 @@ fn bad_configs_are_refused() {
         assert!(PushWrites::new(c, 0).is_err());
     }
 }
+
+#[test]
+fn peer_messages_carry_one_peer_each_and_split_when_full() {
+    // Room for the prefix and two 24-byte records.
+    let mut buf = [0u8; 4 + 2 * 24];
+    let mut w = wire::PeerMessages::new(&mut buf, wire::ALIVE_PREFIX);
+    let mut sent: Vec<(u16, usize)> = Vec::new();
+    let mut emit = |peer: u16, m: &[u8]| {
+        assert!(m.starts_with(wire::ALIVE_PREFIX));
+        sent.push((peer, (m.len() - wire::ALIVE_PREFIX.len()) / 24))
+    };
+    let n = |k: u64| crate::Nonce::new(k).unwrap();
+    for (peer, slot) in [(7, 1), (7, 2), (7, 3), (9, 4), (7, 5)] {
+        w.permit(peer, slot, n(u64::from(slot)), &mut emit).unwrap();
+    }
+    w.finish(&mut emit);
+    // Peer 7's three records split at the buffer; each peer change flushes.
+    assert_eq!(sent, [(7, 2), (7, 1), (9, 1), (7, 1)]);
+}

@@ -370,3 +370,76 @@ impl<'b> MessageWriter<'b> {
         self.len = 0;
     }
 }
+
+/// A [`MessageWriter`] whose records each go to one peer: a message carries
+/// one peer's records only, so a record for another peer first hands over
+/// the message built so far. Callers visit their records grouped by peer
+/// where they can (a set ordered by slot is not), and pay one message per
+/// peer change otherwise. Allocates nothing.
+pub(crate) struct PeerMessages<'b> {
+    writer: MessageWriter<'b>,
+    peer: Option<u16>,
+}
+
+impl<'b> PeerMessages<'b> {
+    /// A writer of `prefix` messages no longer than `buf`.
+    pub(crate) fn new(buf: &'b mut [u8], prefix: &'static [u8]) -> PeerMessages<'b> {
+        PeerMessages {
+            writer: MessageWriter::new(buf, prefix),
+            peer: None,
+        }
+    }
+
+    /// Makes `peer` the addressee of the message being built.
+    fn address(&mut self, peer: u16, emit: &mut impl FnMut(u16, &[u8])) {
+        if let Some(q) = self.peer.filter(|&q| q != peer) {
+            self.writer.flush(&mut |m: &[u8]| emit(q, m));
+        }
+        self.peer = Some(peer);
+    }
+
+    /// Adds a (slot, nonce) record for `peer` (`PRV:`, `PHB:`).
+    pub(crate) fn permit(
+        &mut self,
+        peer: u16,
+        slot: u32,
+        nonce: Nonce,
+        emit: &mut impl FnMut(u16, &[u8]),
+    ) -> Result<(), PushWireError> {
+        self.address(peer, emit);
+        self.writer
+            .permit(slot, nonce, &mut |m: &[u8]| emit(peer, m))
+    }
+
+    /// Adds a renewal record for `peer` (`PRN:`).
+    pub(crate) fn renew(
+        &mut self,
+        peer: u16,
+        f: PermitFields,
+        emit: &mut impl FnMut(u16, &[u8]),
+    ) -> Result<(), PushWireError> {
+        self.address(peer, emit);
+        self.writer.renew(f, &mut |m: &[u8]| emit(peer, m))
+    }
+
+    /// Adds an end record for `peer` (`PEND:`).
+    pub(crate) fn end(
+        &mut self,
+        peer: u16,
+        slot: u32,
+        nonce: Nonce,
+        code: EndCode,
+        emit: &mut impl FnMut(u16, &[u8]),
+    ) -> Result<(), PushWireError> {
+        self.address(peer, emit);
+        self.writer
+            .end(slot, nonce, code, &mut |m: &[u8]| emit(peer, m))
+    }
+
+    /// Hands the last peer's message (if any) to `emit`.
+    pub(crate) fn finish(mut self, emit: &mut impl FnMut(u16, &[u8])) {
+        if let Some(q) = self.peer {
+            self.writer.flush(&mut |m: &[u8]| emit(q, m));
+        }
+    }
+}

@@ -23,7 +23,7 @@
 
 use core::time::Duration;
 
-use super::wire::{self, EndCode, MessageWriter, PermitFields, PushMessage, PushWireError};
+use super::wire::{self, EndCode, PeerMessages, PermitFields, PushMessage, PushWireError};
 use super::{PushConfig, PushError};
 use crate::clock_offset::ClockOffset;
 use crate::collections::{DenseSet, FreeStack};
@@ -442,8 +442,7 @@ impl PushWrites {
         if now >= self.next_heartbeat {
             self.next_heartbeat = now.saturating_add(self.config.heartbeat_interval);
             // Every held registration, without emptying `alive`.
-            let mut w = MessageWriter::new(&mut self.scratch, wire::ALIVE_PREFIX);
-            let mut peer = None;
+            let mut w = PeerMessages::new(&mut self.scratch, wire::ALIVE_PREFIX);
             let mut k = 0;
             while let Some(e) = self.alive.get(k) {
                 k += 1;
@@ -451,15 +450,9 @@ impl PushWrites {
                 let Some(nonce) = Nonce::new(r.nonce) else {
                     continue;
                 };
-                if let Some(q) = peer.filter(|&q| q != r.peer) {
-                    w.flush(&mut |m: &[u8]| out(q, m));
-                }
-                peer = Some(r.peer);
-                let _ = w.permit(r.d_slot, nonce, &mut |m: &[u8]| out(r.peer, m));
+                let _ = w.permit(r.peer, r.d_slot, nonce, &mut out);
             }
-            if let Some(q) = peer {
-                w.flush(&mut |m: &[u8]| out(q, m));
-            }
+            w.finish(&mut out);
         }
         self.counters.messages_sent += sent;
     }
@@ -471,24 +464,17 @@ impl PushWrites {
         prefix: &'static [u8],
         out: &mut impl FnMut(u16, &[u8]),
     ) {
-        let mut w = MessageWriter::new(scratch, prefix);
-        let mut peer = None;
+        let mut w = PeerMessages::new(scratch, prefix);
         while let Some(e) = set.get(0) {
             set.remove(e);
             let r = writes[e as usize];
             let (Some(nonce), State::Ended(code)) = (Nonce::new(r.nonce), r.state) else {
                 continue;
             };
-            if let Some(q) = peer.filter(|&q| q != r.peer) {
-                w.flush(&mut |m: &[u8]| out(q, m));
-            }
-            peer = Some(r.peer);
             // The scratch holds at least one record (PushConfig::validate).
-            let _ = w.end(r.d_slot, nonce, code, &mut |m: &[u8]| out(r.peer, m));
+            let _ = w.end(r.peer, r.d_slot, nonce, code, out);
         }
-        if let Some(q) = peer {
-            w.flush(&mut |m: &[u8]| out(q, m));
-        }
+        w.finish(out);
     }
 
     fn scan<'c>(&mut self, clocks: &impl Fn(u16) -> Option<&'c ClockOffset>, now: Instant) {

@@ -1,7 +1,7 @@
 """vLLM general plugins for the real-engine cases (entry point group
 ``vllm.general_plugins``, installed into .venv-engine by py/engine/env.sh).
 
-Owns three test-environment switches, each off unless its variable is set:
+Owns four test-environment switches, each off unless its variable is set:
 
 - ``KVLEASE_ENGINE_ASYNC_SCHEDULING=1``: async scheduling back on in vLLM's
   CPU engine;
@@ -9,7 +9,10 @@ Owns three test-environment switches, each off unless its variable is set:
   progress thread between two progress calls;
 - ``KVLEASE_ENGINE_SHM_RECHECK_MS=<ms>``: how long an idle reader of vLLM's
   shared-memory message queue sleeps before it looks again without a
-  wake-up (vLLM: 5,000 ms).
+  wake-up (vLLM: 5,000 ms);
+- ``KVLEASE_ENGINE_TRACE_HEARTBEATS=1``: a log line for every heartbeat
+  round, send and renewal (``kvlease_heartbeat_trace.py``), for diagnosing
+  lapses; never set by the cases.
 
 Nothing else: with all unset the plugin changes nothing.
 
@@ -33,12 +36,17 @@ logger = logging.getLogger("vllm.kvlease.engine_plugins")
 ENV = "KVLEASE_ENGINE_ASYNC_SCHEDULING"
 DELAY_ENV = "KVLEASE_ENGINE_NIXL_PROGRESS_DELAY_US"
 RECHECK_ENV = "KVLEASE_ENGINE_SHM_RECHECK_MS"
+TRACE_ENV = "KVLEASE_ENGINE_TRACE_HEARTBEATS"
 
 
 def register() -> None:
     _slow_nixl_progress_thread()
     _shorter_shm_recheck()
     _async_scheduling()
+    if os.environ.get(TRACE_ENV):
+        import kvlease_heartbeat_trace
+
+        kvlease_heartbeat_trace.install()
 
 
 def _shorter_shm_recheck() -> None:

@@ -280,27 +280,45 @@ def test_a_malformed_compact_heartbeat_is_counted_and_renews_nothing(bad):
     assert p._kvl_rank.malformed == 1
 
 
-def test_d_warns_when_its_engine_took_no_step_for_longer_than_the_extension(monkeypatch, caplog):
-    """Heartbeats go out from the step loop: a D whose steps stop for longer
-    than the lease extension (a stalled or starved engine) sends none, and P
-    may let the waiting requests' leases go. D says so, once per gap; a gap
-    with nothing to heartbeat is no stall."""
+def test_d_warns_when_its_heartbeat_rounds_ran_later_than_the_lease_margin(monkeypatch, caplog):
+    """Heartbeats go out from the step loop, one round at the first step an
+    interval after the last: a D whose steps stall (a starved engine) sends
+    its next round late, and P lets a lease go one extension after the last
+    heartbeat it received. D warns when two rounds went out further apart
+    than extension - interval (the margin vLLM's design leaves), once per
+    late round; steps without a round (vLLM's throttle) and a gap with
+    nothing to heartbeat are no late round."""
     import kvlease.vllm.scheduler as sched_mod
 
     s = d_scheduler()
-    s._kvl_extension = 4.0
+    s._kvl_extension, s._kvl_round_gap_limit = 4.0, 3.0
     s._kvl_log = sched_mod.RateLimitedLog(sched_mod.logger, interval=0.0)
     clock = [1000.0]
     monkeypatch.setattr(sched_mod, "_now", lambda: clock[0])
     caplog.set_level("WARNING", logger="vllm.kvlease.scheduler")
-    s.build_connector_meta(MagicMock())  # nothing to heartbeat: no stall
-    clock[0] += 30.0
+
+    def step(after: float, heartbeat_round: bool) -> None:
+        clock[0] += after
+        # vLLM's throttle (its own clock) decides whether this step is a round.
+        s._last_heartbeat_time = -1e9 if heartbeat_round else time.perf_counter() + 1e9
+        meta = s.build_connector_meta(MagicMock())
+        assert bool(meta.heartbeat_by_engine) == (heartbeat_round and bool(s._heartbeat_by_engine))
+
+    def late_lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "went out" in r.getMessage()]
+
+    step(0.0, True)  # nothing to heartbeat
     s.on_new_request(d_request(1, (3, 77)))
-    s.build_connector_meta(MagicMock())
-    clock[0] += 3.9
-    s.build_connector_meta(MagicMock())
-    assert not [r for r in caplog.records if "took no step" in r.getMessage()]
-    clock[0] += 6.5  # the engine stalled 6.5 s with a request waiting
-    s.build_connector_meta(MagicMock())
-    lines = [r.getMessage() for r in caplog.records if "took no step" in r.getMessage()]
-    assert len(lines) == 1 and "6.5 s" in lines[0] and "4.0 s" in lines[0], lines
+    step(30.0, True)  # the first round after an idle spell: no gap to measure
+    step(2.9, False)  # steps between rounds do not count
+    step(0.05, True)  # rounds 2.95 s apart: under the margin
+    assert not late_lines()
+    step(3.5, True)  # the engine stalled 3.5 s: the round is late
+    lines = late_lines()
+    assert len(lines) == 1 and "3.5 s apart" in lines[0] and "4.0 s" in lines[0], lines
+    assert "3.0 s for a late one" in lines[0], lines
+    s._stop_heartbeat("id-1")  # its KV arrived: nothing waits
+    step(0.5, True)
+    s.on_new_request(d_request(2, (4, 78)))
+    step(20.0, True)  # a new wait after 20 s without one: no late round
+    assert len(late_lines()) == 1

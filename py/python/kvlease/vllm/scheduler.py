@@ -84,9 +84,11 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
     _kvl_forward_fields: bool = False
     #: D: the lease fields of the heartbeated requests (compact heartbeats).
     _kvl_heartbeats: HeartbeatLeases | None = None
-    #: D: when a step last saw requests to heartbeat (None: none then), and
-    #: the lease extension a step gap must stay under (stall warning).
-    _kvl_hb_seen: float | None = None
+    #: D: when the last heartbeat round went to the workers (None: no
+    #: request to heartbeat since), and the longest gap between two rounds
+    #: that leaves P's lease its margin (late-heartbeat warning).
+    _kvl_last_round: float | None = None
+    _kvl_round_gap_limit: float = 0.0
     _kvl_extension: float = 0.0
     _kvl_log: RateLimitedLog = RateLimitedLog(logger)
 
@@ -115,6 +117,9 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
         if settings.consumer:
             self._kvl_heartbeats = HeartbeatLeases()
             self._kvl_extension = settings.config.lease_extension
+            self._kvl_round_gap_limit = (
+                settings.config.lease_extension - settings.config.heartbeat_interval
+            )
             self._kvl_log = RateLimitedLog(logger)
 
     def on_new_request(self, request: Any) -> None:
@@ -153,13 +158,13 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
         if prefill is not None:
             prefill.assign_scheduled(now)
         meta = super().build_connector_meta(scheduler_output)
-        if self._kvl_heartbeats is not None:
-            self._kvl_note_step_gap(now)
         heartbeats = {}
         book = self._kvl_heartbeats
-        if book is not None and meta.heartbeat_by_engine:
-            # A heartbeat round (vLLM's throttle chose this step).
-            heartbeats = book.round(meta.heartbeat_by_engine)
+        if book is not None:
+            self._kvl_note_round(now, bool(meta.heartbeat_by_engine))
+            if meta.heartbeat_by_engine:
+                # A heartbeat round (vLLM's throttle chose this step).
+                heartbeats = book.round(meta.heartbeat_by_engine)
         directives = b""
         if prefill is not None:
             # Every id kvlease holds stays out of vLLM's worker tracking, not
@@ -181,26 +186,39 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
             )
         return meta
 
-    def _kvl_note_step_gap(self, now: float) -> None:
-        """D: warns when the engine took no step for longer than the lease
-        extension while requests waited to be heartbeated. Heartbeats go out
-        from the step loop, so after such a gap P may have let their leases
-        go; their loads then fail the lease check and are recomputed (never
-        a wrong answer), and this line says why."""
+    def _kvl_note_round(self, now: float, round_now: bool) -> None:
+        """D: warns when two heartbeat rounds went out further apart than
+        the lease extension minus the heartbeat interval while requests
+        waited for P's KV.
+
+        Why rounds and not steps: P lets a lease go one extension after the
+        last heartbeat it received, and vLLM sends one only at the first step
+        an interval after the last, so a step gap of extension - interval
+        already decides a lapse (measured in the real engine: rounds 11.6 s
+        apart, the extension 12 s, with no step gap over 9 s). The limit is
+        the margin vLLM's design leaves a heartbeat (extension - interval,
+        half the lease): past it, P may let the waiting leases go before the
+        next heartbeat arrives. Such loads fail the lease check and are
+        recomputed; this line says why, so a lapse without it is a bug."""
         if not self._heartbeat_by_engine:
-            self._kvl_hb_seen = None
+            # Nothing to heartbeat: the next round starts a new count.
+            self._kvl_last_round = None
             return
-        seen = self._kvl_hb_seen
-        self._kvl_hb_seen = now
-        if seen is not None and now - seen > self._kvl_extension:
+        if not round_now:
+            return
+        last = self._kvl_last_round
+        self._kvl_last_round = now
+        if last is not None and now - last > self._kvl_round_gap_limit:
             self._kvl_log.warning(
-                "step_gap",
-                "kvlease: D's engine took no step for %.1f s while requests waited for P's "
-                "KV (longer than the lease extension, %.1f s): no heartbeat went out, so P "
-                "may have let their leases go; such loads fail the lease check and are "
+                "late_heartbeat",
+                "kvlease: D's heartbeats to P went out %.1f s apart while requests waited "
+                "for P's KV (a stalled or starved engine: they go out from the step loop; "
+                "the lease extension is %.1f s and leaves %.1f s for a late one), so P may "
+                "have let their leases go; such loads fail the lease check and are "
                 "recomputed",
-                now - seen,
+                now - last,
                 self._kvl_extension,
+                self._kvl_round_gap_limit,
             )
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
