@@ -292,6 +292,7 @@ def test_d_warns_when_its_heartbeat_rounds_ran_later_than_the_lease_margin(monke
 
     s = d_scheduler()
     s._kvl_extension, s._kvl_round_gap_limit = 4.0, 3.0
+    s._kvl_d_stats = sched_mod.KvLeaseConnectorStats()
     s._kvl_log = sched_mod.RateLimitedLog(sched_mod.logger, interval=0.0)
     clock = [1000.0]
     monkeypatch.setattr(sched_mod, "_now", lambda: clock[0])
@@ -317,6 +318,10 @@ def test_d_warns_when_its_heartbeat_rounds_ran_later_than_the_lease_margin(monke
     lines = late_lines()
     assert len(lines) == 1 and "3.5 s apart" in lines[0] and "4.0 s" in lines[0], lines
     assert "3.0 s for a late one" in lines[0], lines
+    # ... and counts it (vllm:kv_lease_late_heartbeat_rounds_total), once.
+    stats = s.kvl_take_stats()
+    assert stats is not None and stats.lease_total("kv_lease_late_heartbeat_rounds") == 1
+    assert s.kvl_take_stats() is None, "taken: the next report starts from zero"
     s._stop_heartbeat("id-1")  # its KV arrived: nothing waits
     step(0.5, True)
     s.on_new_request(d_request(2, (4, 78)))

@@ -90,6 +90,8 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
     _kvl_last_round: float | None = None
     _kvl_round_gap_limit: float = 0.0
     _kvl_extension: float = 0.0
+    #: D: the scheduler's own counters (late heartbeat rounds).
+    _kvl_d_stats: KvLeaseConnectorStats | None = None
     _kvl_log: RateLimitedLog = RateLimitedLog(logger)
 
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
@@ -120,6 +122,7 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
             self._kvl_round_gap_limit = (
                 settings.config.lease_extension - settings.config.heartbeat_interval
             )
+            self._kvl_d_stats = KvLeaseConnectorStats()
             self._kvl_log = RateLimitedLog(logger)
 
     def on_new_request(self, request: Any) -> None:
@@ -209,6 +212,8 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
         last = self._kvl_last_round
         self._kvl_last_round = now
         if last is not None and now - last > self._kvl_round_gap_limit:
+            if self._kvl_d_stats is not None:
+                self._kvl_d_stats.record_lease("kv_lease_late_heartbeat_rounds")
             self._kvl_log.warning(
                 "late_heartbeat",
                 "kvlease: D's heartbeats to P went out %.1f s apart while requests waited "
@@ -249,8 +254,15 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
         connector_output.finished_sending = prefill.release(connector_output.finished_sending)
 
     def kvl_take_stats(self) -> KvLeaseConnectorStats | None:
+        """The scheduler's counters since the last call: P's leases and D's
+        late heartbeat rounds (an engine with ``kv_both`` has both)."""
         prefill = self._kvl_prefill
-        return prefill.take_stats() if prefill is not None else None
+        out = prefill.take_stats() if prefill is not None else None
+        d = self._kvl_d_stats
+        if d is not None and not d.is_empty():
+            taken = d.clone_and_reset()
+            out = taken if out is None else out.aggregate(taken)
+        return out
 
     def shutdown(self) -> None:
         if self._kvl_prefill is not None:

@@ -23,8 +23,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
 )
 from vllm.v1.metrics.utils import create_metric_per_engine
 
-#: key -> (log label, Prometheus name, Prometheus help). The first four are
-#: recorded on P's scheduler, the last three on D's workers.
+#: key -> (log label, Prometheus name, Prometheus help). The first five are
+#: recorded on P's scheduler, the next three on D's workers, the last on D's
+#: scheduler.
 LEASE_KEYS: dict[str, tuple[str, str, str]] = {
     "kv_lease_granted": (
         "KV leases granted",
@@ -75,6 +76,13 @@ LEASE_KEYS: dict[str, tuple[str, str, str]] = {
         "vllm:kv_lease_advert_unknown",
         "D: P ranks whose lease advert could not be read at handshake; loads from "
         "them fail closed (kv_load_failure_policy applies).",
+    ),
+    "kv_lease_late_heartbeat_rounds": (
+        "KV lease heartbeat rounds late",
+        "vllm:kv_lease_late_heartbeat_rounds",
+        "D: heartbeat rounds that went out more than the lease extension minus the "
+        "heartbeat interval after the last one (a stalled or starved engine); P may "
+        "have let the waiting requests' leases go.",
     ),
 }
 
