@@ -197,12 +197,13 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
         Why rounds and not steps: P lets a lease go one extension after the
         last heartbeat it received, and vLLM sends one only at the first step
         an interval after the last, so a step gap of extension - interval
-        already decides a lapse (measured in the real engine: rounds 11.6 s
-        apart, the extension 12 s, with no step gap over 9 s). The limit is
-        the margin vLLM's design leaves a heartbeat (extension - interval,
-        half the lease): past it, P may let the waiting leases go before the
-        next heartbeat arrives. Such loads fail the lease check and are
-        recomputed; this line says why, so a lapse without it is a bug."""
+        can already let a lease lapse (measured in the real engine: rounds
+        11.6 s apart, the extension 12 s, while a check of step gaps against
+        the extension stayed silent). The limit is the margin vLLM's design
+        leaves a heartbeat (extension - interval, half the lease): an early
+        warning, since P lets go only an extension after the last heartbeat
+        it received. Such loads fail the lease check and are recomputed;
+        this line (and its counter) says why, so a lapse without it is a bug."""
         if not self._heartbeat_by_engine:
             # Nothing to heartbeat: the next round starts a new count.
             self._kvl_last_round = None
@@ -218,12 +219,13 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
                 "late_heartbeat",
                 "kvlease: D's heartbeats to P went out %.1f s apart while requests waited "
                 "for P's KV (a stalled or starved engine: they go out from the step loop; "
-                "the lease extension is %.1f s and leaves %.1f s for a late one), so P may "
-                "have let their leases go; such loads fail the lease check and are "
-                "recomputed",
+                "warned past %.1f s, the lease extension less the heartbeat interval). P "
+                "lets a lease go %.1f s (the extension) after the last heartbeat it "
+                "received, so it may have let theirs go; such loads fail the lease check "
+                "and are recomputed",
                 now - last,
-                self._kvl_extension,
                 self._kvl_round_gap_limit,
+                self._kvl_extension,
             )
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
