@@ -158,10 +158,7 @@ fn hex_u64(digits: &[u8]) -> Result<u64, ClockMsgError> {
 }
 
 fn put_hex(v: u64, out: &mut [u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for (i, b) in out.iter_mut().take(16).enumerate() {
-        *b = DIGITS[((v >> (60 - 4 * i)) & 0xf) as usize];
-    }
+    out.copy_from_slice(&crate::wire::encode_u64_hex(v));
 }
 
 /// Writes a ping for `token` into `out`; returns its length ([`PING_LEN`]).

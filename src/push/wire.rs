@@ -20,6 +20,7 @@
 
 use crate::nonce::Nonce;
 use crate::time::Instant;
+use crate::wire::{encode_u32_hex, encode_u64_hex};
 
 /// Bytes of a (slot, nonce) record.
 pub const PERMIT_RECORD_LEN: usize = 24;
@@ -55,9 +56,9 @@ impl PermitFields {
     /// The 40 hex digits of the registration field.
     pub fn encode(&self) -> [u8; RENEW_RECORD_LEN] {
         let mut out = [0u8; RENEW_RECORD_LEN];
-        put_hex(&mut out[..8], u64::from(self.slot));
-        put_hex(&mut out[8..24], self.nonce.get());
-        put_hex(&mut out[24..], self.deadline.as_nanos());
+        out[..8].copy_from_slice(&encode_u32_hex(self.slot));
+        out[8..24].copy_from_slice(&encode_u64_hex(self.nonce.get()));
+        out[24..].copy_from_slice(&encode_u64_hex(self.deadline.as_nanos()));
         out
     }
 
@@ -276,15 +277,6 @@ fn end_record(r: &[u8; END_RECORD_LEN]) -> Result<(u32, Nonce, EndCode), PushWir
     Ok((slot, nonce, code))
 }
 
-fn put_hex(out: &mut [u8], v: u64) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let n = out.len();
-    for (i, b) in out.iter_mut().enumerate() {
-        let shift = 4 * (n - 1 - i);
-        *b = DIGITS[((v >> shift) & 0xf) as usize];
-    }
-}
-
 /// Writes push messages of one kind into a caller's buffer, a record at a
 /// time, and hands each full message to `emit`; allocates nothing.
 pub(crate) struct MessageWriter<'b> {
@@ -333,8 +325,8 @@ impl<'b> MessageWriter<'b> {
         emit: &mut impl FnMut(&[u8]),
     ) -> Result<(), PushWireError> {
         self.record(PERMIT_RECORD_LEN, emit, |r| {
-            put_hex(&mut r[..8], u64::from(slot));
-            put_hex(&mut r[8..], nonce.get());
+            r[..8].copy_from_slice(&encode_u32_hex(slot));
+            r[8..].copy_from_slice(&encode_u64_hex(nonce.get()));
         })
     }
 
@@ -356,8 +348,8 @@ impl<'b> MessageWriter<'b> {
         emit: &mut impl FnMut(&[u8]),
     ) -> Result<(), PushWireError> {
         self.record(END_RECORD_LEN, emit, |r| {
-            put_hex(&mut r[..8], u64::from(slot));
-            put_hex(&mut r[8..24], nonce.get());
+            r[..8].copy_from_slice(&encode_u32_hex(slot));
+            r[8..24].copy_from_slice(&encode_u64_hex(nonce.get()));
             r[24] = code.byte();
         })
     }

@@ -134,7 +134,7 @@ pub(super) fn hex8_value(x: u64) -> u32 {
 
 /// `v` as 8 lowercase hex digits, most significant first.
 #[inline(always)]
-pub(super) fn encode_u32_hex(v: u32) -> [u8; 8] {
+pub(crate) fn encode_u32_hex(v: u32) -> [u8; 8] {
     // Spread the nibbles so that byte k holds nibble k (least significant
     // first), then reverse the bytes so that the most significant comes first.
     let mut x = u64::from(v);
@@ -149,7 +149,7 @@ pub(super) fn encode_u32_hex(v: u32) -> [u8; 8] {
 
 /// `v` as 16 lowercase hex digits, most significant first.
 #[inline(always)]
-pub(super) fn encode_u64_hex(v: u64) -> [u8; NONCE_HEX_LEN] {
+pub(crate) fn encode_u64_hex(v: u64) -> [u8; NONCE_HEX_LEN] {
     let hi = encode_u32_hex((v >> 32) as u32);
     let lo = encode_u32_hex(v as u32);
     let mut out = [0u8; NONCE_HEX_LEN];

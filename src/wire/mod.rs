@@ -474,7 +474,7 @@ impl fmt::Debug for CompactEntries<'_> {
 mod decode;
 mod encode;
 mod hex;
-pub(crate) use hex::scalar_hex;
+pub(crate) use hex::{encode_u32_hex, encode_u64_hex, scalar_hex};
 #[cfg(test)]
 mod tests;
 
