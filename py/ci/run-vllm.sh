@@ -31,7 +31,9 @@
 set -euo pipefail
 repo_root="$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)"
 cd "$repo_root"
-eval "$(py/ci/vllm-env.sh)"
+# Assigned first: `eval "$(...)"` would drop vllm-env.sh's failure and go on.
+vllm_env="$(py/ci/vllm-env.sh)"
+eval "$vllm_env"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
 want() { local s; for s in "${steps[@]}"; do [ "$s" = all ] || [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -58,7 +60,8 @@ if want tests; then
     # The three supported vLLM sdists, for the inventory's static check
     # (sha256-pinned, cached; exports KVLEASE_VLLM_SDIST_DIR, which makes a
     # missing sdist a failure rather than a skip).
-    eval "$("${KVLEASE_PYTHON:-python3}" py/ci/vllm-sdists.py)"
+    sdists_env="$("${KVLEASE_PYTHON:-python3}" py/ci/vllm-sdists.py)"
+    eval "$sdists_env"
     rm -f "${results}/e2e-figures.txt"
     # From py/: `import kvlease` resolves to the installed wheel (py/python is
     # not on the path), and the node processes import the same.
@@ -74,7 +77,8 @@ if want vllm033; then
     # either) shadows the installed 0.34 package, and its test helpers
     # replace 0.34's. test_in_sdist is left out: the tests step ran it for
     # every version; test_in_installed_vllm here checks 0.33.0 by import.
-    eval "$("${KVLEASE_PYTHON:-python3}" py/ci/vllm-sdists.py --tree 0.33.0)"
+    tree_env="$("${KVLEASE_PYTHON:-python3}" py/ci/vllm-sdists.py --tree 0.33.0)"
+    eval "$tree_env"
     (cd py && PYTHONPATH="${KVLEASE_VLLM_TREE}" VLLM_TESTS_DIR="${KVLEASE_VLLM_TREE}" \
         "$VLLM_ENV_PYTHON" -c 'import vllm, sys; v = vllm.__version__; print("vllm", v, "from", vllm.__file__); sys.exit(v != "0.33.0")' \
         && PYTHONPATH="${KVLEASE_VLLM_TREE}" VLLM_TESTS_DIR="${KVLEASE_VLLM_TREE}" \

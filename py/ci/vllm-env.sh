@@ -81,6 +81,7 @@ mkdir -p "$wheelhouse"
 if [ "$(cat "${wheelhouse}/.stamp" 2>/dev/null)" = "$inputs_hash" ]; then
     log "1. wheelhouse up to date (${wheelhouse})"
 else
+    "${repo_root}/py/ci/need-disk.sh" "$wheelhouse" 4 "vllm-env's wheelhouse download (~3.4 GB)"
     step_begin "1. downloading wheels into ${wheelhouse} (first time: ~3.4 GB, torch and its CUDA libraries)"
     # --only-binary: never build anything; --no-deps: the requirements file is
     # the whole closure. Files already in the wheelhouse are not fetched again.
@@ -97,6 +98,8 @@ if [ "$(cat "${venv}/.kvlease-stamp" 2>/dev/null)" = "$inputs_hash" ] && [ -x "$
 else
     step_begin "2. creating ${venv} (Python ${py_version})"
     rm -rf "$venv"
+    # Installed, torch and its CUDA libraries take 6.8 GB.
+    "${repo_root}/py/ci/need-disk.sh" "$venv" 8 "the vLLM ${VLLM_VERSION} venv (${venv}, ~6.8 GB installed)"
     "$python_bin" -m venv "$venv"
     step_end
     pip_install=("${venv}/bin/python" -m pip install --disable-pip-version-check -q

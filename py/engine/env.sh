@@ -53,6 +53,7 @@ mkdir -p "$wheelhouse"
 if [ "$(cat "${wheelhouse}/.stamp" 2>/dev/null)" = "$inputs_hash" ]; then
     log "1. wheelhouse up to date (${wheelhouse})"
 else
+    "${repo_root}/py/ci/need-disk.sh" "$wheelhouse" 4 "engine-env's wheelhouse download (~3.3 GB)"
     log "1. downloading wheels into ${wheelhouse} (first time: ~3.3 GB)"
     "$python_bin" -m pip download --disable-pip-version-check -q \
         --only-binary=:all: --no-deps -d "$wheelhouse" -r "$req_file" "${specs[@]}" >&2
@@ -65,6 +66,8 @@ if [ "$(cat "${venv}/.kvlease-stamp" 2>/dev/null)" = "$inputs_hash" ] && [ -x "$
 else
     log "2. creating ${venv} (Python ${py_version}) from the wheelhouse"
     rm -rf "$venv"
+    # Installed, torch and its CUDA libraries take 6.5 GB.
+    "${repo_root}/py/ci/need-disk.sh" "$venv" 8 "the engine venv (${venv}, ~6.5 GB installed)"
     "$python_bin" -m venv "$venv"
     pip_install=("${venv}/bin/python" -m pip install --disable-pip-version-check -q
                  --no-index --find-links "$wheelhouse" --no-deps)

@@ -14,7 +14,9 @@ set -euo pipefail
 repo_root="$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)"
 cd "$repo_root"
 t_all=$(date +%s)
-eval "$(py/engine/env.sh)"
+# Assigned first: `eval "$(...)"` would drop env.sh's failure and go on.
+engine_env="$(py/engine/env.sh)"
+eval "$engine_env"
 what="${1:-cases}"
 [ $# -gt 0 ] && shift
 

@@ -21,7 +21,8 @@
 set -euo pipefail
 repo_root="$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)"
 cd "$repo_root"
-eval "$(py/engine/env.sh)"
+engine_env="$(py/engine/env.sh)"   # assigned first, so set -e sees a failure
+eval "$engine_env"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${repo_root}/target}"
 "$ENGINE_PYTHON" -m maturin build --release -q -m py/Cargo.toml -o "${CARGO_TARGET_DIR}/wheels-engine" >&2
 "$ENGINE_PYTHON" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall \
