@@ -40,7 +40,9 @@ pub enum Command {
     /// fixed timeouts before leases, 480 s and 30 s (fixed-480, fixed-30:
     /// unrenewed, unverified leases of that length). `bidirectional-skew`
     /// runs turn-2 reads from D's cache across skewed clocks instead, in a
-    /// small world of its own.
+    /// small world of its own; `push-faults` runs vLLM's push mode, where
+    /// the lease policies run kvlease's push guard, fixed-480 stock vLLM (D
+    /// frees only on P's report) and fixed-30 a naive D timeout.
     Sim(SimArgs),
 }
 
@@ -68,6 +70,9 @@ pub enum ScenarioSel {
     /// Turn 2 of multi-turn conversations pulled from D's cache, D's clock
     /// 2 h ahead and 80 ppm fast, slow READs.
     BidirectionalSkew,
+    /// vLLM's push mode: late, lost and aborted registrations, slow WRITEs,
+    /// lossy notifications, and P dies at 150 s.
+    PushFaults,
 }
 
 /// Which policies to compare.
@@ -328,6 +333,7 @@ impl ScenarioSel {
             ScenarioSel::SlotExhaustion => Scenario::SlotExhaustion,
             ScenarioSel::RankDivergence => Scenario::RankDivergence,
             ScenarioSel::BidirectionalSkew => Scenario::BidirectionalSkew,
+            ScenarioSel::PushFaults => Scenario::PushFaults,
         })
     }
 }

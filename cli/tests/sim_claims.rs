@@ -194,3 +194,64 @@ fn turn2_reads_across_skewed_clocks_are_verified_or_corrupt() {
     assert!(v.recomputed < v.completed, "{v:?}");
     assert!(vllm.silent_corruptions > 0, "vLLM's turn 2 is unverified");
 }
+
+#[test]
+fn push_guard_hangs_nothing_leaks_nothing_and_takes_no_stray_write() {
+    // vLLM's push mode with late, lost and aborted registrations, slow
+    // WRITEs, lossy notifications and a P that dies at 150 s: the guard ends
+    // every push (loaded or failed) and frees every set, never under a
+    // WRITE; stock vLLM (fixed-480) hangs and leaks, a naive D timeout
+    // (fixed-30) frees under WRITEs still in flight.
+    let out = sim(&["--scenario", "push-faults", "--seed", "3"]);
+    let g = run(&out.report, "push-faults", "lease+verify");
+    let stock = run(&out.report, "push-faults", "fixed-480");
+    let naive = run(&out.report, "push-faults", "fixed-30");
+    let (gf, sf, nf) = (
+        g.push.clone().unwrap(),
+        stock.push.clone().unwrap(),
+        naive.push.clone().unwrap(),
+    );
+    assert_eq!(
+        g.arrived, stock.arrived,
+        "every policy gets the same pushes"
+    );
+    assert!(g.completed > 300, "{g:?}");
+    assert_eq!(
+        (gf.hung, gf.leaked_sets, gf.stray_writes),
+        (0, 0, 0),
+        "{gf:?}"
+    );
+    assert_eq!(g.silent_corruptions, 0);
+    assert!(
+        gf.permits_refused > 0,
+        "late registrations are refused at once: {gf:?}"
+    );
+    assert!(
+        gf.permits_lapsed > 0,
+        "lost ones and the dead P's end at the fence: {gf:?}"
+    );
+    assert!(gf.outstanding_at_p_death > 0, "{gf:?}");
+    let reclaim = gf
+        .reclaim_after_p_death_s
+        .expect("the guard frees the dead P's sets");
+    assert!(reclaim <= gf.bound_s.unwrap() + 0.1, "{gf:?}");
+    assert!(
+        sf.hung > 0 && sf.leaked_sets == sf.hung,
+        "stock hangs: {sf:?}"
+    );
+    assert_eq!(
+        sf.reclaim_after_p_death_s, None,
+        "stock never frees the dead P's sets"
+    );
+    assert!(
+        nf.stray_writes > 0 && naive.silent_corruptions > 0,
+        "{nf:?}"
+    );
+    let check = out
+        .report
+        .checks
+        .iter()
+        .find(|c| c.text.starts_with("push-faults"))
+        .expect("the push-faults check");
+    assert_eq!(check.holds, Some(true), "{}", check.text);
+}

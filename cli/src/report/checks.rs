@@ -12,7 +12,11 @@
 //! - with heartbeat loss, verification turns every stale read into a failed
 //!   load (0 silent corruptions), while without it corruptions are counted;
 //! - in bidirectional-skew, the same holds for turn-2 reads that D's TTL
-//!   overtakes mid-READ.
+//!   overtakes mid-READ;
+//! - in push-faults, the push guard leaves no push hanging and no set
+//!   leaked, lets no WRITE land in a freed set, and reclaims a dead P's
+//!   sets within its bound, while stock vLLM hangs and leaks and a naive D
+//!   timeout takes stray WRITEs.
 
 use std::fmt::Write;
 
@@ -98,6 +102,7 @@ pub fn checks(report: &Report) -> Vec<Check> {
                     });
                 }
             }
+            Scenario::PushFaults => out.extend(push_check(r, &at)),
             Scenario::Overload => {
                 if let (Some(l), Some(f)) = (policy(r, "lease+verify"), policy(r, "fixed-30")) {
                     out.push(Check {
@@ -240,4 +245,54 @@ fn accounting_check(r: &ScenarioReport, at: &str) -> Check {
         ),
         holds: Some(holds),
     }
+}
+
+/// Slack on the push guard's reclaim bound: one D step (50 ms) plus the
+/// longest notification latency (30 ms) of the push world.
+const PUSH_SLACK_S: f64 = 0.1;
+
+fn push_check(r: &ScenarioReport, at: &str) -> Option<Check> {
+    let (g, stock, naive) = (
+        policy(r, "lease+verify").or_else(|| policy(r, "lease-noverify"))?,
+        policy(r, "fixed-480"),
+        policy(r, "fixed-30"),
+    );
+    let gf = g.push.clone()?;
+    let bound = gf.bound_s?;
+    let guard_ok = gf.hung == 0
+        && gf.leaked_sets == 0
+        && gf.stray_writes == 0
+        && g.silent_corruptions == 0
+        && gf
+            .reclaim_after_p_death_s
+            .is_some_and(|s| s <= bound + PUSH_SLACK_S);
+    let mut text = format!(
+        "push-faults{at}: the guard left {} pushes hung and {} sets leaked, took {} stray WRITEs, \
+         and freed the dead P's last set {} s after its death (bound {bound:.1} s)",
+        gf.hung,
+        gf.leaked_sets,
+        gf.stray_writes,
+        gf.reclaim_after_p_death_s
+            .map_or_else(|| "never".to_string(), |s| format!("{s:.1}"))
+    );
+    let mut controls_show_it = true;
+    if let Some(f) = stock.and_then(|p| p.push.clone()) {
+        text += &format!(
+            "; stock vLLM left {} hung, {} sets leaked",
+            f.hung, f.leaked_sets
+        );
+        controls_show_it &= f.hung > 0;
+    }
+    if let Some(n) = naive {
+        let f = n.push.clone().unwrap_or_default();
+        text += &format!(
+            "; a naive 30 s timeout took {} stray WRITEs ({} requests decoded on overwritten KV)",
+            f.stray_writes, n.silent_corruptions
+        );
+        controls_show_it &= f.stray_writes > 0;
+    }
+    Some(Check {
+        text,
+        holds: Some(guard_ok && controls_show_it),
+    })
 }

@@ -30,6 +30,57 @@ fn secs(x: Option<f64>, dead_left: u64, crash: bool) -> String {
     }
 }
 
+/// The `push-faults` scenario's columns (legend: [`PUSH_LEGEND`]).
+fn push_rows(r: &ScenarioReport) -> (Vec<&'static str>, Vec<Vec<String>>) {
+    let headers = vec![
+        "policy",
+        "pushes",
+        "done",
+        "failed",
+        "hung",
+        "leaked sets",
+        "stray WRITEs",
+        "corrupt",
+        "P death: waiting",
+        "reclaim",
+        "bound",
+    ];
+    let rows = r
+        .policies
+        .iter()
+        .map(|p| {
+            let f = p.push.clone().unwrap_or_default();
+            vec![
+                p.policy.clone(),
+                p.arrived.to_string(),
+                p.completed.to_string(),
+                p.failed_loads.to_string(),
+                f.hung.to_string(),
+                f.leaked_sets.to_string(),
+                f.stray_writes.to_string(),
+                p.silent_corruptions.to_string(),
+                f.outstanding_at_p_death.to_string(),
+                match f.reclaim_after_p_death_s {
+                    Some(v) => format!("{v:.1}"),
+                    None if f.outstanding_at_p_death > 0 => "never".into(),
+                    None => "-".into(),
+                },
+                f.bound_s.map_or_else(|| "-".into(), |b| format!("{b:.1}")),
+            ]
+        })
+        .collect();
+    (headers, rows)
+}
+
+/// What the `push-faults` columns mean (printed under its table).
+pub const PUSH_LEGEND: &str = "\
+push-faults: lease+verify and lease-noverify run kvlease's push guard (the same run: a push has no READ
+to verify), fixed-480 stock vLLM (D frees only on P's report), fixed-30 a naive D (frees on abort, and
+30 s after registering without P's report); hung: pushes still waiting for P at the end (their sets
+leaked); stray WRITEs: landed in a set after D freed it; corrupt: decoded on a set a stray WRITE
+overwrote; reclaim: P's death -> D freed the last set registered with it (never: held at the end);
+bound: the guard's, max(duration, extension + interval) + write_bound.";
+
 /// One scenario's block.
 pub fn scenario_table(r: &ScenarioReport) -> String {
     let mut out = String::new();
@@ -47,6 +98,13 @@ pub fn scenario_table(r: &ScenarioReport) -> String {
         r.lease.interval_s,
         r.lease.extension_s
     );
+    if r.scenario == crate::sim::scenario::Scenario::PushFaults {
+        let (headers, rows) = push_rows(r);
+        write_aligned(&mut out, &headers, &rows);
+        out.push_str(PUSH_LEGEND);
+        out.push('\n');
+        return out;
+    }
     let headers = [
         "policy",
         "done",

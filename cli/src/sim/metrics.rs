@@ -100,6 +100,36 @@ pub struct Metrics {
     pub d_lease_ns: u64,
     /// D engine steps.
     pub d_steps: u64,
+    /// The `push-faults` scenario's own figures.
+    pub push: Option<PushFigures>,
+}
+
+/// What the `push-faults` scenario measured ([`super::push`]).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct PushFigures {
+    /// Pushes still waiting for P at the end, longer than
+    /// [`super::push::HANG_AFTER`].
+    pub hung: u64,
+    /// Block sets those hold (never freed).
+    pub leaked_sets: u64,
+    /// WRITEs of P that landed in a set after D freed it.
+    pub stray_writes: u64,
+    /// 1 once P died.
+    pub p_deaths: u64,
+    /// Pushes waiting for the dead P (or aborted, set still held) when it died.
+    pub outstanding_at_p_death: u64,
+    /// From P's death until D freed the last of those sets, seconds (None:
+    /// some were still held at the end, or none was outstanding).
+    pub reclaim_after_p_death_s: Option<f64>,
+    /// The guard's bound on that reclaim, seconds: max(duration, extension +
+    /// interval) + write_bound, with the drift allowance (None: no guard).
+    pub bound_s: Option<f64>,
+    /// D's permit renewals on P's `PHB:` (guard only).
+    pub permit_renewals: u64,
+    /// Permits ended at the fence without P's word (guard only).
+    pub permits_lapsed: u64,
+    /// Registrations P refused at once (guard only).
+    pub permits_refused: u64,
 }
 
 impl Metrics {
@@ -181,6 +211,9 @@ pub struct RunReport {
     pub heartbeat_messages: u64,
     /// Renewals applied on P.
     pub renewals: u64,
+    /// The `push-faults` scenario's figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub push: Option<PushFigures>,
     /// Measured lease CPU (only with `--json-timings`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timings: Option<Timings>,
@@ -236,6 +269,11 @@ impl Metrics {
             granted_without_slot: self.granted_without_slot,
             heartbeat_messages: self.heartbeat_messages,
             renewals: self.renewals,
+            push: self.push.clone().map(|mut f| {
+                f.reclaim_after_p_death_s = f.reclaim_after_p_death_s.map(round);
+                f.bound_s = f.bound_s.map(round);
+                f
+            }),
             timings: None,
         }
     }

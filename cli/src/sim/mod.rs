@@ -20,6 +20,7 @@
 //! - [`spec`]: what decides a run and what it gives back;
 //! - [`replay`]: a trace's arrivals and faults as a run's input;
 //! - [`bidir`]: the `bidirectional-skew` scenario's own small world;
+//! - [`push`]: the `push-faults` scenario's (vLLM's push mode, the guard);
 //! - [`ledger`], [`metrics`]: what is measured, and how;
 //! - [`blocks`], [`kv`], [`rng`], [`error`]: small parts.
 
@@ -34,6 +35,7 @@ pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod prefill;
+pub mod push;
 pub mod replay;
 pub mod rng;
 pub mod router;

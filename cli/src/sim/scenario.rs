@@ -53,6 +53,10 @@ pub enum Scenario {
     /// with D's clock 2 h ahead and 80 ppm fast, and slow READs that outlast
     /// the safety margin.
     BidirectionalSkew,
+    /// vLLM's push mode: registrations that reach P late or never, D aborts
+    /// while P's WRITE is in flight, slow WRITEs, lossy notifications, and P
+    /// dies at 150 s.
+    PushFaults,
     /// A trace replay (`--trace`): the faults laid over it come from
     /// `--fault`, its timeline from [`super::replay::TraceRun`].
     #[value(skip)]
@@ -61,7 +65,7 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario, in table order.
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::Happy,
         Scenario::DecodeCrash,
         Scenario::Overload,
@@ -70,6 +74,7 @@ impl Scenario {
         Scenario::SlotExhaustion,
         Scenario::RankDivergence,
         Scenario::BidirectionalSkew,
+        Scenario::PushFaults,
     ];
 
     /// The name on the command line and in reports.
@@ -83,6 +88,7 @@ impl Scenario {
             Scenario::SlotExhaustion => "slot-exhaustion",
             Scenario::RankDivergence => "rank-divergence",
             Scenario::BidirectionalSkew => "bidirectional-skew",
+            Scenario::PushFaults => "push-faults",
             Scenario::Trace => "trace",
         }
     }
@@ -184,6 +190,13 @@ impl Scenario {
                     D_DRIFT_PPM,
                     SLOW_READ_PERCENT,
                     SLOW_READ.as_secs()
+                );
+            }
+            Scenario::PushFaults => {
+                plan.description = format!(
+                    "push mode: late, lost and aborted registrations, slow WRITEs, 2 % of \
+                     notifications lost and 2 % doubled; P dies at {} s",
+                    super::push::P_DEATH.as_secs()
                 );
             }
             Scenario::RankDivergence => {

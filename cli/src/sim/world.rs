@@ -180,6 +180,10 @@ pub fn run(spec: &RunSpec, progress: &(dyn Fn(u64) + Sync)) -> Result<RunOutput,
         });
         return super::bidir::run(spec, &config, duration, progress);
     }
+    if spec.scenario == Scenario::PushFaults {
+        let duration = spec.duration.unwrap_or(plan.duration);
+        return super::push::run(spec, &config, duration, progress);
+    }
     let realised = spec.policy.realise(&config);
     let heartbeats = realised.heartbeats;
     let mut rng = SimRng::new(spec.seed, 0);
