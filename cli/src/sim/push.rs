@@ -14,7 +14,7 @@
 //! (a freed set is the next one reused), and the requests' fault classes.
 //!
 //! A request: P prefills it and holds its KV `kv_lease_duration` for D's
-//! registration; the router then sends it to D ([`ROUTER_HOP`] later),
+//! registration; the router then sends it to D (10 ms later),
 //! which takes a block set and registers it with P; P WRITEs; D decodes [`DECODE`] on the set, then
 //! frees it. Fault classes, per request:
 //!
@@ -57,7 +57,7 @@ use super::error::SimError;
 use super::metrics::{Metrics, PushFigures};
 use super::policy::Policy;
 use super::rng::SimRng;
-use super::scenario::{D_AHEAD, D_DRIFT_PPM};
+use super::scenario::{D_AHEAD, D_DRIFT_PPM, P_DEATH};
 use super::spec::{RunOutput, RunSpec};
 
 /// Push requests per second.
@@ -68,8 +68,6 @@ const STEP: Duration = Duration::from_millis(50);
 const ROUTER_HOP: Duration = Duration::from_millis(10);
 /// D decodes this long on a loaded set before freeing it.
 pub const DECODE: Duration = Duration::from_secs(2);
-/// When P dies, from the run's start.
-pub const P_DEATH: Duration = Duration::from_secs(150);
 /// A push still waiting for P this long at the end of the run hangs.
 pub const HANG_AFTER: Duration = Duration::from_secs(120);
 /// The naive policy's timeout (`fixed-30`).

@@ -25,6 +25,11 @@ pub const SLOW_READ: Duration = Duration::from_secs(8);
 /// Percent of READs that are slow.
 pub const SLOW_READ_PERCENT: u32 = 25;
 
+// The `push-faults` scenario's ([`super::push`] runs it).
+
+/// When P dies, from the run's start.
+pub const P_DEATH: Duration = Duration::from_secs(150);
+
 /// A scenario from the lease spec. `bidirectional-skew` (turn-2 reads from
 /// D's cache across skewed clocks) is run by [`super::bidir`] in a small
 /// world of its own; [`Scenario::ALL`], the default run, has every one.
@@ -196,7 +201,7 @@ impl Scenario {
                 plan.description = format!(
                     "push mode: late, lost and aborted registrations, slow WRITEs, 2 % of \
                      notifications lost and 2 % doubled; P dies at {} s",
-                    super::push::P_DEATH.as_secs()
+                    P_DEATH.as_secs()
                 );
             }
             Scenario::RankDivergence => {
