@@ -28,6 +28,7 @@ mod convert;
 mod decode;
 mod errors;
 mod prefill;
+mod push;
 mod slot_check;
 mod wire;
 
@@ -41,6 +42,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<prefill::SlotTicket>()?;
     m.add_class::<decode::HeartbeatTracker>()?;
     m.add_class::<slot_check::SlotChecker>()?;
+    m.add_class::<push::PushConfig>()?;
+    m.add_class::<push::ClockEstimate>()?;
+    m.add_class::<push::PushPermits>()?;
+    m.add_class::<push::PushWrites>()?;
+    m.add_class::<push::WriteHandle>()?;
     m.add_function(wrap_pyfunction!(decode::encode_outcomes, m)?)?;
     m.add_function(wrap_pyfunction!(decode::decode_outcomes, m)?)?;
     m.add_function(wrap_pyfunction!(wire::encode_read_done, m)?)?;

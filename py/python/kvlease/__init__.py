@@ -11,7 +11,9 @@ The lease roles of the Rust library, as classes that take and return bytes:
 - the codecs: :func:`encode_read_done`, :func:`encode_heartbeats`,
   :func:`encode_compact_heartbeats`, :func:`decode_notification`,
   :func:`encode_outcomes`, :func:`decode_outcomes`, :func:`lease_advert`;
-- :class:`LeaseConfig`, parsed from vLLM's ``kv_connector_extra_config``.
+- :class:`LeaseConfig`, parsed from vLLM's ``kv_connector_extra_config``;
+- push mode's guard: :class:`PushPermits` (D), :class:`PushWrites` (P),
+  :class:`PushConfig`, and :class:`ClockEstimate` (P's view of D's clock).
 
 Times are ``now: float`` seconds of one monotonic clock per process
 (``time.monotonic()``). Nonces are Python ints in the seed's int64 form
@@ -23,12 +25,17 @@ The vLLM connector is :mod:`kvlease.vllm` (``KvLeaseNixlConnector``).
 from __future__ import annotations
 
 from ._native import (
+    ClockEstimate,
     HeartbeatTracker,
     LeaseConfig,
     PrefillRank,
     PrefillScheduler,
+    PushConfig,
+    PushPermits,
+    PushWrites,
     SlotChecker,
     SlotTicket,
+    WriteHandle,
     __version__,
     advert_accepts_compact_heartbeats,
     decode_lease_advert,
@@ -47,6 +54,7 @@ from .errors import (
     GrantError,
     IpcError,
     KvLeaseError,
+    PushError,
     StartError,
     TrackError,
     VerifyError,
@@ -61,6 +69,11 @@ __all__ = [
     "SlotTicket",
     "HeartbeatTracker",
     "SlotChecker",
+    "PushConfig",
+    "PushPermits",
+    "PushWrites",
+    "WriteHandle",
+    "ClockEstimate",
     "encode_read_done",
     "encode_heartbeats",
     "encode_compact_heartbeats",
@@ -77,6 +90,7 @@ __all__ = [
     "StartError",
     "IpcError",
     "WireError",
+    "PushError",
     "TrackError",
     "VerifyError",
     "FabricError",

@@ -155,6 +155,104 @@ class SlotChecker:
     def waiting(self) -> int: ...
     def counters(self) -> dict[str, int]: ...
 
+PushEnd = Literal["written", "refused", "ended_by_p", "lapsed", "revoked"]
+Refusal = Literal["request_gone", "no_clock", "past_deadline", "exhausted", "already_ended"]
+
+class PushConfig:
+    """Push mode's guard settings; the same on D and P."""
+
+    def __init__(
+        self,
+        duration: float,
+        *,
+        capacity: Optional[int] = None,
+        extension: Optional[float] = None,
+        heartbeat_interval: Optional[float] = None,
+        write_bound: Optional[float] = None,
+        post_margin: Optional[float] = None,
+        drift_ppm: Optional[int] = None,
+        max_message_len: Optional[int] = None,
+    ) -> None:
+        """Defaults from ``duration``: extension 2/3, interval 1/6, write bound
+        10 s, post margin 1 s, 100 ppm, 1,024 registrations, 64 KiB messages.
+        Raises ``ConfigError``."""
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def duration(self) -> float: ...
+    @property
+    def extension(self) -> float: ...
+    @property
+    def heartbeat_interval(self) -> float: ...
+    @property
+    def write_bound(self) -> float: ...
+    @property
+    def post_margin(self) -> float: ...
+    @property
+    def drift_ppm(self) -> int: ...
+    @property
+    def max_message_len(self) -> int: ...
+
+class ClockEstimate:
+    """P's estimate of one D's clock, from round trips."""
+
+    def __init__(self, drift_ppm: int = 100) -> None: ...
+    def observe(
+        self, local_send: float, remote: float, local_recv: float
+    ) -> Literal["adopted", "kept", "refused"]: ...
+    @property
+    def has_sample(self) -> bool: ...
+    def to_local(self, remote: float) -> Optional[float]: ...
+
+class PushPermits:
+    """D's write permits: one per registration, ended exactly once."""
+
+    def __init__(self, config: PushConfig, seed: Optional[int] = None) -> None: ...
+    def register(self, peer: int, now: float) -> tuple[int, int, bytes]:
+        """(slot, nonce, field): send ``field`` with the registration. Raises
+        ``PushError`` (``Exhausted``): fail the load, do not register."""
+    def revoke(self, slot: int, nonce: int) -> None:
+        """Keep the blocks until the permit is reported ended."""
+    def on_message(
+        self, peer: int, msg: Buffer, now: float
+    ) -> list[tuple[int, int, int, PushEnd]]:
+        """Permits ended, as (slot, nonce, peer, end). Raises ``WireError``."""
+    def poll(
+        self, now: float
+    ) -> tuple[list[tuple[int, bytes]], list[tuple[int, int, int, PushEnd]]]:
+        """((peer, message) to send to P, permits ended at their fence)."""
+    def deadline(self, slot: int, nonce: int) -> Optional[float]: ...
+    def fence(self, deadline: float) -> Optional[float]: ...
+    @property
+    def live(self) -> int: ...
+    def counters(self) -> dict[str, int]: ...
+
+class WriteHandle:
+    """P's name for one accepted registration (hashable)."""
+
+class PushWrites:
+    """P's registrations and the gate in front of each WRITE."""
+
+    def __init__(self, config: PushConfig, hash_key: int) -> None: ...
+    def register(
+        self, peer: int, field: Buffer, request_live: bool, clock: ClockEstimate, now: float
+    ) -> tuple[Optional[WriteHandle], Optional[Refusal]]:
+        """(handle, None) when accepted, (None, reason) when refused. Raises
+        ``WireError`` on a malformed field."""
+    def begin_write(
+        self, handle: WriteHandle, clock: ClockEstimate, now: float
+    ) -> Optional[Literal["closed", "already_posted", "unknown_handle"]]:
+        """None: post the WRITE now. Otherwise do not post."""
+    def write_done(self, handle: WriteHandle, ok: bool, now: float) -> bool: ...
+    def cancel(self, handle: WriteHandle) -> bool: ...
+    def on_message(self, peer: int, msg: Buffer) -> None:
+        """Renewals and revocations from D. Raises ``WireError``."""
+    def poll(self, clocks: Mapping[int, ClockEstimate], now: float) -> list[tuple[int, bytes]]:
+        """(peer, message) to send to D."""
+    @property
+    def held(self) -> int: ...
+    def counters(self) -> dict[str, int]: ...
+
 def encode_outcomes(rank: int, seq: int, outcomes: Sequence[tuple[str, str]]) -> bytes: ...
 def decode_outcomes(msg: Buffer) -> tuple[int, list[tuple[str, str]]]: ...
 def read_done_form(peer_has_lease_slots: bool) -> Literal["plain", "with_nonce"]: ...

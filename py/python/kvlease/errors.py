@@ -28,6 +28,7 @@ __all__ = [
     "TrackError",
     "VerifyError",
     "FabricError",
+    "PushError",
 ]
 
 
@@ -78,3 +79,9 @@ class VerifyError(KvLeaseError):
 
 class FabricError(KvLeaseError):
     """A peer or READ bookkeeping error of the slot checker."""
+
+
+class PushError(KvLeaseError):
+    """Push mode's guard refused: ``Exhausted`` (no free write permit: fail
+    the load and do not register) or ``UnknownPermit`` (no live permit with
+    that slot and nonce)."""
