@@ -102,17 +102,8 @@ else
     "${repo_root}/py/ci/need-disk.sh" "$venv" 8 "the vLLM ${VLLM_VERSION} venv (${venv}, ~6.8 GB installed)"
     "$python_bin" -m venv "$venv"
     step_end
-    # uv when it can be had (py/ci/uv.sh: half pip's time, bytecode compiled
-    # on every core; no cache of its own, so the venv's files are the only
-    # copy), pip otherwise. Either way: these wheels only, no resolver.
-    if uv_bin="$("${repo_root}/py/ci/uv.sh")"; then
-        pip_install=(env UV_NO_CACHE=1 "$uv_bin" pip install -q --python "${venv}/bin/python"
-                     --no-index --find-links "$wheelhouse" --no-deps --compile-bytecode)
-    else
-        log "uv unavailable: installing with pip"
-        pip_install=("${venv}/bin/python" -m pip install --disable-pip-version-check -q
-                     --no-index --find-links "$wheelhouse" --no-deps)
-    fi
+    # These wheels only, no resolver; uv when it can be had, else pip.
+    pip_install=("${repo_root}/py/ci/wheel-install.sh" "$venv" "$wheelhouse")
     step_begin "2a. installing torch and the pinned requirements (from the wheelhouse)"
     "${pip_install[@]}" -r "$req_file" >&2
     step_end

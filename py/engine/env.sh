@@ -69,17 +69,8 @@ else
     # Installed, torch and its CUDA libraries take 6.5 GB.
     "${repo_root}/py/ci/need-disk.sh" "$venv" 8 "the engine venv (${venv}, ~6.5 GB installed)"
     "$python_bin" -m venv "$venv"
-    # uv when it can be had (py/ci/uv.sh: half pip's time, bytecode compiled
-    # on every core; no cache of its own, so the venv's files are the only
-    # copy), pip otherwise. Either way: these wheels only, no resolver.
-    if uv_bin="$("${repo_root}/py/ci/uv.sh")"; then
-        pip_install=(env UV_NO_CACHE=1 "$uv_bin" pip install -q --python "${venv}/bin/python"
-                     --no-index --find-links "$wheelhouse" --no-deps --compile-bytecode)
-    else
-        log "uv unavailable: installing with pip"
-        pip_install=("${venv}/bin/python" -m pip install --disable-pip-version-check -q
-                     --no-index --find-links "$wheelhouse" --no-deps)
-    fi
+    # These wheels only, no resolver; uv when it can be had, else pip.
+    pip_install=("${repo_root}/py/ci/wheel-install.sh" "$venv" "$wheelhouse")
     "${pip_install[@]}" -r "$req_file" >&2
     "${pip_install[@]}" "${specs[@]}" >&2
     # `vllm serve` looks up the distribution "vllm": a metadata-only alias.
