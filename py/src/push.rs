@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::convert::{counters_dict, instant, seconds, secs, with_bytes};
-use crate::errors::{config, raise, wire};
+use crate::errors::{self, raise, wire};
 
 fn duration(name: &str, s: f64) -> PyResult<std::time::Duration> {
     std::time::Duration::try_from_secs_f64(s).map_err(|_| {
@@ -78,7 +78,7 @@ impl PushConfig {
         if let Some(v) = max_message_len {
             c.max_message_len = v;
         }
-        c.validate().map_err(config)?;
+        c.validate().map_err(errors::config)?;
         Ok(PushConfig { inner: c })
     }
 
@@ -224,7 +224,7 @@ impl PushPermits {
             Some(s) => NonceSource::from_seed(s, 0x6b76_6c65, 0x7075_7368),
             None => NonceSource::from_entropy(),
         };
-        let inner = push::PushPermits::new(config.inner, nonces).map_err(config_err)?;
+        let inner = push::PushPermits::new(config.inner, nonces).map_err(errors::config)?;
         Ok(PushPermits { inner })
     }
 
@@ -334,10 +334,6 @@ impl PushPermits {
     }
 }
 
-fn config_err(e: push::PushError) -> PyErr {
-    config(e)
-}
-
 /// P's name for one registration it accepted.
 #[pyclass(module = "kvlease._native", frozen, eq, hash)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -375,7 +371,7 @@ impl PushWrites {
     /// (random per process: D's fields come off the wire).
     #[new]
     fn new(config: &PushConfig, hash_key: u64) -> PyResult<Self> {
-        let inner = push::PushWrites::new(config.inner, hash_key).map_err(config_err)?;
+        let inner = push::PushWrites::new(config.inner, hash_key).map_err(errors::config)?;
         Ok(PushWrites { inner })
     }
 

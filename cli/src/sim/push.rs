@@ -91,6 +91,7 @@ enum Guard {
 }
 
 /// What crosses the network.
+#[derive(Clone)]
 enum Payload {
     /// The guard's wire bytes.
     Guard(Vec<u8>),
@@ -206,7 +207,7 @@ pub fn run(
         now = now + STEP;
         let dn = d_clock(now);
         let p_alive = now < death;
-        if !p_alive && outstanding_at_death.is_empty() && f.p_deaths == 0 {
+        if !p_alive && f.p_deaths == 0 {
             f.p_deaths = 1;
             outstanding_at_death = (0..reqs.len())
                 .filter(|&i| matches!(reqs[i].state, DState::Waiting | DState::Aborted))
@@ -284,19 +285,10 @@ pub fn run(
         }
 
         // The network: what is due now, in the order it arrives.
-        let mut due: Vec<Msg> = Vec::new();
-        net.retain_mut(|msg| {
-            if msg.at <= now {
-                due.push(Msg {
-                    at: msg.at,
-                    to_p: msg.to_p,
-                    payload: std::mem::replace(&mut msg.payload, Payload::Done(usize::MAX)),
-                });
-                false
-            } else {
-                true
-            }
-        });
+        let (mut due, later): (Vec<Msg>, Vec<Msg>) = std::mem::take(&mut net)
+            .into_iter()
+            .partition(|msg| msg.at <= now);
+        net = later;
         due.sort_by_key(|msg| msg.at);
         let mut ends: Vec<PermitEnd> = Vec::new();
         for msg in due {
@@ -367,18 +359,10 @@ pub fn run(
         }
 
         // WRITEs land, P alive or not: into whatever the set holds now.
-        let mut landed: Vec<Landing> = Vec::new();
-        landings.retain(|l| {
-            if l.at <= now {
-                landed.push(Landing {
-                    at: l.at,
-                    req: l.req,
-                });
-                false
-            } else {
-                true
-            }
-        });
+        let (landed, later): (Vec<Landing>, Vec<Landing>) = std::mem::take(&mut landings)
+            .into_iter()
+            .partition(|l| l.at <= now);
+        landings = later;
         for l in landed {
             let r = &reqs[l.req];
             words[r.set as usize] = tag(l.req);
@@ -542,14 +526,10 @@ fn send(net: &mut Vec<Msg>, rng: &mut SimRng, now: Instant, to_p: bool, payload:
     }
     let at = now + Duration::from_millis(rng.between(1, 30));
     if x < 0.04 {
-        let copy = match &payload {
-            Payload::Guard(b) => Payload::Guard(b.clone()),
-            Payload::Done(i) => Payload::Done(*i),
-        };
         net.push(Msg {
             at: now + Duration::from_millis(rng.between(1, 30)),
             to_p,
-            payload: copy,
+            payload: payload.clone(),
         });
     }
     net.push(Msg { at, to_p, payload });
