@@ -43,6 +43,7 @@ def d_scheduler() -> KvLeaseScheduler:
     s = make_nixl_scheduler(heartbeat=True, kv_lease_duration=6)
     s.__class__ = KvLeaseScheduler
     s._kvl_heartbeats = HeartbeatLeases()
+    s._kvl_unannounced = {}
     return s
 
 
@@ -327,3 +328,61 @@ def test_d_warns_when_its_heartbeat_rounds_ran_later_than_the_lease_margin(monke
     s.on_new_request(d_request(2, (4, 78)))
     step(20.0, True)  # a new wait after 20 s without one: no late round
     assert len(late_lines()) == 1
+
+
+def test_d_counts_a_first_heartbeat_that_went_out_late_after_the_request_reached_it(
+        monkeypatch, caplog):
+    """The gap between rounds cannot see a request whose first round came
+    late: none was due for it (and after an idle D there is no last round).
+    D's API server and EngineCore's input queue hold a request while the
+    engine is stalled in a step, and P's lease runs all the while; D counts
+    the round that first carries it as late when it went out more than
+    extension - interval after the request reached D (its arrival_time)."""
+    import kvlease.vllm.scheduler as sched_mod
+
+    s = d_scheduler()
+    s._kvl_extension, s._kvl_round_gap_limit = 4.0, 3.0
+    s._kvl_d_stats = sched_mod.KvLeaseConnectorStats()
+    s._kvl_log = sched_mod.RateLimitedLog(sched_mod.logger, interval=0.0)
+    wall = [5000.0]
+    monkeypatch.setattr(sched_mod, "_wall", lambda: wall[0])
+    caplog.set_level("WARNING", logger="vllm.kvlease.scheduler")
+
+    def round_after(seconds: float) -> None:
+        wall[0] += seconds
+        s._last_heartbeat_time = -1e9  # vLLM's throttle: this step is a round
+        assert s.build_connector_meta(MagicMock()).heartbeat_by_engine
+
+    def arrive(n: int):
+        r = d_request(n, (n, 70 + n))
+        r.arrival_time = wall[0]
+        s.on_new_request(r)
+        return r
+
+    def first_lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "first heartbeat" in r.getMessage()]
+
+    def late_total() -> int:
+        stats = s.kvl_take_stats()
+        return 0 if stats is None else int(stats.lease_total("kv_lease_late_heartbeat_rounds"))
+
+    arrive(1)
+    round_after(2.5)  # its first round 2.5 s after it arrived: on time
+    assert not first_lines() and late_total() == 0
+    arrive(2)
+    round_after(3.6)  # the engine stalled: its first round 3.6 s after
+    lines = first_lines()
+    assert len(lines) == 1 and "3.6 s after" in lines[0] and "warned past 3.0 s" in lines[0], lines
+    assert late_total() == 1
+    round_after(1.0)  # carried before: no longer a first round
+    assert late_total() == 0 and len(first_lines()) == 1
+    # A request whose KV arrived before any round carried it is no first
+    # round of anyone's: it does not make a later round late.
+    third = arrive(3)
+    s._stop_heartbeat(third.request_id)
+    arrive(4)
+    wall[0] += 10.0
+    fifth = arrive(5)
+    s._stop_heartbeat(fifth.request_id)
+    round_after(0.5)  # request 4 waited 10.5 s: late, once
+    assert late_total() == 1 and len(first_lines()) == 2

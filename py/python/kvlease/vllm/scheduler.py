@@ -48,6 +48,11 @@ def _now() -> float:
     return time.monotonic()
 
 
+def _wall() -> float:
+    """The clock of vLLM's ``Request.arrival_time`` (its API server's)."""
+    return time.time()
+
+
 _F53 = float(1 << 53)
 
 
@@ -88,6 +93,9 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
     #: request to heartbeat since), and the longest gap between two rounds
     #: that leaves P's lease its margin (late-heartbeat warning).
     _kvl_last_round: float | None = None
+    #: D: the heartbeated requests no round has carried yet, with their
+    #: arrival at D (vLLM's ``Request.arrival_time``, wall clock).
+    _kvl_unannounced: dict[str, float] | None = None
     _kvl_round_gap_limit: float = 0.0
     _kvl_extension: float = 0.0
     #: D: the scheduler's own counters (late heartbeat rounds).
@@ -118,6 +126,7 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
         self._kvl_forward_fields = settings.consumer
         if settings.consumer:
             self._kvl_heartbeats = HeartbeatLeases()
+            self._kvl_unannounced = {}
             self._kvl_extension = settings.config.lease_extension
             self._kvl_round_gap_limit = (
                 settings.config.lease_extension - settings.config.heartbeat_interval
@@ -134,11 +143,16 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
         key = self._heartbeat_req_engine.get(request.request_id)
         if key is not None:
             book.track(key[0], key[1], read_fields(request.kv_transfer_params))
+            arrival = getattr(request, "arrival_time", None)
+            if self._kvl_unannounced is not None and isinstance(arrival, (int, float)):
+                self._kvl_unannounced[request.request_id] = float(arrival)
 
     def _stop_heartbeat(self, req_id: str) -> None:
         book = self._kvl_heartbeats
         key = self._heartbeat_req_engine.get(req_id) if book is not None else None
         super()._stop_heartbeat(req_id)
+        if self._kvl_unannounced is not None:
+            self._kvl_unannounced.pop(req_id, None)
         if key is not None:
             book.stop(key[0], key[1])
 
@@ -192,7 +206,9 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
     def _kvl_note_round(self, now: float, round_now: bool) -> None:
         """D: warns when two heartbeat rounds went out further apart than
         the lease extension minus the heartbeat interval while requests
-        waited for P's KV.
+        waited for P's KV, or when a round carried a request for the first
+        time that long after the request reached D; both count as a late
+        round (``kv_lease_late_heartbeat_rounds``).
 
         Why rounds and not steps: P lets a lease go one extension after the
         last heartbeat it received, and vLLM sends one only at the first step
@@ -210,11 +226,35 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
             return
         if not round_now:
             return
+        # A request's first round is late too when it comes that long after
+        # the request reached D (D's API server, EngineCore's input queue,
+        # a starved step): the gap between rounds does not see it, since
+        # none was due for that request (and after an idle D, none at all).
+        # The earliest such arrival in the round stands for the round.
+        unannounced = self._kvl_unannounced
+        first_wait = 0.0
+        if unannounced:
+            first_wait = _wall() - min(unannounced.values())
+            unannounced.clear()
         last = self._kvl_last_round
         self._kvl_last_round = now
-        if last is not None and now - last > self._kvl_round_gap_limit:
-            if self._kvl_d_stats is not None:
-                self._kvl_d_stats.record_lease("kv_lease_late_heartbeat_rounds")
+        gap = now - last if last is not None else 0.0
+        late_gap = gap > self._kvl_round_gap_limit
+        late_first = first_wait > self._kvl_round_gap_limit
+        if (late_gap or late_first) and self._kvl_d_stats is not None:
+            self._kvl_d_stats.record_lease("kv_lease_late_heartbeat_rounds")
+        if late_first and not late_gap:
+            self._kvl_log.warning(
+                "late_first_heartbeat",
+                "kvlease: D's first heartbeat to P for a request went out %.1f s after the "
+                "request reached D (a stalled or starved engine; warned past %.1f s, the "
+                "lease extension less the heartbeat interval). P's lease ran all that time "
+                "and before it, from the end of the prefill; if it ran out, that load fails "
+                "the lease check and is recomputed",
+                first_wait,
+                self._kvl_round_gap_limit,
+            )
+        if late_gap:
             self._kvl_log.warning(
                 "late_heartbeat",
                 "kvlease: D's heartbeats to P went out %.1f s apart while requests waited "
@@ -223,7 +263,7 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
                 "lets a lease go %.1f s (the extension) after the last heartbeat it "
                 "received, so it may have let theirs go; such loads fail the lease check "
                 "and are recomputed",
-                now - last,
+                gap,
                 self._kvl_round_gap_limit,
                 self._kvl_extension,
             )
