@@ -67,7 +67,31 @@ def use_real_nixl() -> str:
 
     base_worker.NixlWrapper = _api.nixl_agent
     base_worker.nixl_agent_config = _api.nixl_agent_config
+    _pause_progress_thread(_api, int(os.environ.get(PROGRESS_DELAY_ENV, "1000")))
     return _api.__name__
+
+
+#: The pause of each agent's progress thread between two progress calls, in
+#: microseconds (0: NIXL's own, a spin).
+PROGRESS_DELAY_ENV = "KVLEASE_HARNESS_NIXL_PROGRESS_DELAY_US"
+
+
+def _pause_progress_thread(api: Any, delay_us: int) -> None:
+    """A test-environment switch, as in the real-engine cases
+    (py/engine/plugins): NIXL's Python agent sets ``pthrDelay = 0``, so each
+    agent's progress thread spins a whole core, busy or idle. Two nodes took
+    both cores of the 2-core CI host (measured: 85-89 % each, while the test
+    process waited on them); with a 1 ms pause they give the cores back, and
+    UCX still progresses on every NIXL call of the worker's own step."""
+    if delay_us <= 0:
+        return
+    original = api.nixlBind.nixlAgent
+
+    def agent(name: str, config: Any, *args: Any, **kwargs: Any) -> Any:
+        config.pthrDelay = delay_us
+        return original(name, config, *args, **kwargs)
+
+    api.nixlBind.nixlAgent = agent
 
 
 _DIST_READY = False
