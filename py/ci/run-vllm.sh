@@ -17,8 +17,9 @@
 #             with vLLM 0.33.0's Python sources from its sdist first on
 #             PYTHONPATH, over this venv's 0.34 dependency closure
 #   upstream  vLLM 0.34.0's test_nixl_heartbeat.py and test_nixl_connector.py,
-#             unmodified from the sdist: stock, then with the plugin's classes
-#             substituted, compared (run-upstream.sh plugin), then the negative
+#             unmodified from the sdist, with the plugin's classes substituted,
+#             compared with stock (run-upstream.sh plugin: stock's collection
+#             when nothing failed, else a stock run), then the negative
 #             control (run-upstream.sh mutant)
 #   bench     py/bench/bookkeeping.py --short: P's lease bookkeeping per step,
 #             kvlease against vLLM's own methods; fails if kvlease is not
@@ -114,7 +115,7 @@ if want vllm033; then
 fi
 
 if want upstream; then
-    begin "upstream tests: stock vLLM, then the plugin's classes"
+    begin "upstream tests: the plugin's classes, compared with stock vLLM"
     set +e
     py/ci/run-upstream.sh plugin > "${results}/upstream-plugin.txt" 2>&1
     rc=$?

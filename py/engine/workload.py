@@ -127,10 +127,11 @@ async def complete(session: aiohttp.ClientSession, base_url: str, prompt: list[i
 async def complete_all(base_url: str, prompts: list[list[int]], *, concurrency: int = 4,
                        holds: list[float] | None = None, stream: bool = False,
                        max_tokens: int = MAX_TOKENS, prefix: str = "req",
-                       stagger_s: float = 0.0) -> list[Answer]:
+                       stagger_s: float = 0.0, timeout_s: float = 180.0) -> list[Answer]:
     """Sends every prompt with at most ``concurrency`` in flight, the i-th no
     earlier than ``i * stagger_s`` seconds after the first; answers in prompt
-    order. Request ids are ``{prefix}-{i}-{8 hex digits}``."""
+    order, each failed after ``timeout_s``. Request ids are
+    ``{prefix}-{i}-{8 hex digits}``."""
     sem = asyncio.Semaphore(concurrency)
     holds = holds or [0.0] * len(prompts)
 
@@ -140,7 +141,7 @@ async def complete_all(base_url: str, prompts: list[list[int]], *, concurrency: 
                 await asyncio.sleep(i * stagger_s)
             async with sem:
                 return await complete(session, base_url, prompts[i], hold_s=holds[i],
-                                      stream=stream, max_tokens=max_tokens,
+                                      stream=stream, max_tokens=max_tokens, timeout_s=timeout_s,
                                       request_id=f"{prefix}-{i}-{random.getrandbits(32):08x}")
 
         return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))

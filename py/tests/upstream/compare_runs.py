@@ -6,6 +6,14 @@ Owns: reading the two JUnit XML files and the substitution report, printing
 the per-test table, and the exit status. May not run tests itself.
 
     python compare_runs.py STOCK.xml SUBSTITUTE.xml SUBSTITUTE.json
+    python compare_runs.py COLLECTED.txt SUBSTITUTE.xml SUBSTITUTE.json
+
+The second form stands in for the stock run when the substituted run failed
+nothing (``run-upstream.sh``): COLLECTED.txt is ``pytest --collect-only -q``
+of the same files without substitution, and every test it lists must have
+passed with the substitutes (or be upstream's own xfail). Anything else
+(a test missing, skipped, failed) exits 1, and the caller then runs the
+stock baseline to tell vLLM's failures from ours.
 """
 
 from __future__ import annotations
@@ -36,8 +44,22 @@ def outcomes(path: str) -> dict[str, str]:
     return result
 
 
+def collected(path: str) -> dict[str, str]:
+    """``pytest --collect-only -q`` node ids -> "collected", named as
+    ``outcomes`` names them (file::[Class::]name[params])."""
+    result = {}
+    with open(path) as f:
+        for line in f:
+            nodeid = line.strip()
+            if "::" not in nodeid:
+                continue  # the summary line, blank lines
+            file, _, rest = nodeid.partition("::")
+            result[file.rsplit("/", 1)[-1] + "::" + rest] = "collected"
+    return result
+
+
 def main(stock_xml: str, sub_xml: str, sub_json: str) -> int:
-    stock = outcomes(stock_xml)
+    stock = collected(stock_xml) if stock_xml.endswith(".txt") else outcomes(stock_xml)
     sub = outcomes(sub_xml)
     with open(sub_json) as f:
         report = json.load(f)
@@ -64,19 +86,24 @@ def main(stock_xml: str, sub_xml: str, sub_json: str) -> int:
             active += 1
         if s == "passed" and t != "passed":
             regressions.append(name)
+        elif s == "collected" and t not in ("passed", "xfailed"):
+            regressions.append(name)
         print(f"{name:<100} {s:<8} {t:<8} {plain} ({with_state})")
 
     def count(d: dict[str, str]) -> str:
         keys = ("passed", "failed", "error", "skipped", "xfailed")
         return ", ".join(f"{sum(v == k for v in d.values())} {k}" for k in keys)
 
-    print(f"stock:      {count(stock)}")
+    if "collected" in stock.values():
+        print(f"stock:      {len(stock)} collected (not run: the substituted run failed nothing)")
+    else:
+        print(f"stock:      {count(stock)}")
     print(f"substitute: {count(sub)}")
     print(f"tests that called a substitute hook: {touched} of {len(sub)}")
     if active:
         print(f"tests in which a hook ran with kvlease state active: {active} of {len(sub)}")
     if regressions:
-        print("passed on stock vLLM but not with the substitutes:")
+        print("passed on stock vLLM (or collected there) but not with the substitutes:")
         for name in regressions:
             print(f"  {name}")
         return 1
