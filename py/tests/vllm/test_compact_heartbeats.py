@@ -47,6 +47,18 @@ def d_scheduler() -> KvLeaseScheduler:
     return s
 
 
+def d_scheduler_counting_late_rounds() -> KvLeaseScheduler:
+    """A D scheduler with the late-round warning on (extension 4 s, limit
+    3 s), its counters, and a log that is not rate-limited."""
+    import kvlease.vllm.scheduler as sched_mod
+
+    s = d_scheduler()
+    s._kvl_extension, s._kvl_round_gap_limit = 4.0, 3.0
+    s._kvl_d_stats = sched_mod.KvLeaseConnectorStats()
+    s._kvl_log = sched_mod.RateLimitedLog(sched_mod.logger, interval=0.0)
+    return s
+
+
 def d_request(n: int, fields: tuple[int, int] | None = None, engine: str = ENGINE):
     r = create_request(request_id=n, do_remote_prefill=True)
     r.kv_transfer_params["remote_engine_id"] = engine
@@ -291,10 +303,7 @@ def test_d_warns_when_its_heartbeat_rounds_ran_later_than_the_lease_margin(monke
     nothing to heartbeat are no late round."""
     import kvlease.vllm.scheduler as sched_mod
 
-    s = d_scheduler()
-    s._kvl_extension, s._kvl_round_gap_limit = 4.0, 3.0
-    s._kvl_d_stats = sched_mod.KvLeaseConnectorStats()
-    s._kvl_log = sched_mod.RateLimitedLog(sched_mod.logger, interval=0.0)
+    s = d_scheduler_counting_late_rounds()
     clock = [1000.0]
     monkeypatch.setattr(sched_mod, "_now", lambda: clock[0])
     caplog.set_level("WARNING", logger="vllm.kvlease.scheduler")
@@ -340,10 +349,7 @@ def test_d_counts_a_first_heartbeat_that_went_out_late_after_the_request_reached
     extension - interval after the request reached D (its arrival_time)."""
     import kvlease.vllm.scheduler as sched_mod
 
-    s = d_scheduler()
-    s._kvl_extension, s._kvl_round_gap_limit = 4.0, 3.0
-    s._kvl_d_stats = sched_mod.KvLeaseConnectorStats()
-    s._kvl_log = sched_mod.RateLimitedLog(sched_mod.logger, interval=0.0)
+    s = d_scheduler_counting_late_rounds()
     wall = [5000.0]
     monkeypatch.setattr(sched_mod, "_wall", lambda: wall[0])
     caplog.set_level("WARNING", logger="vllm.kvlease.scheduler")
