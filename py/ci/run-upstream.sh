@@ -95,7 +95,8 @@ if [ "$mode" = all ]; then
     # all it would add is that every test stock collects ran and passed:
     # checked from stock's collection instead (seconds, not the ~190 s of a
     # run). Any test missing, skipped or failed there, and the stock run
-    # follows as before. KVLEASE_UPSTREAM_STOCK=always runs it regardless.
+    # follows, with the comparison, which names the tests that passed on
+    # stock only. KVLEASE_UPSTREAM_STOCK=always runs it regardless.
     compare=("$VLLM_ENV_PYTHON" "${repo_root}/py/tests/upstream/compare_runs.py")
     sub_files=("${results}/substitute-${sub_module}.xml" "${results}/substitute-${sub_module}.json")
     if [ "$sub_rc" = 0 ] && [ "${KVLEASE_UPSTREAM_STOCK:-auto}" != always ]; then
@@ -107,6 +108,9 @@ if [ "$mode" = all ]; then
         fi
         echo "== a collected test did not pass with the substitutes: the stock baseline follows"
     fi
-    run_pytest stock || true
+    run_pytest stock
     "${compare[@]}" "${results}/stock.xml" "${sub_files[@]}"
+    # As strict as when stock always ran first: a failure with the
+    # substitutes fails the step even where stock failed too.
+    exit "$sub_rc"
 fi
