@@ -65,34 +65,12 @@ if want tests; then
     eval "$sdists_env"
     rm -f "${results}/e2e-figures.txt"
     # From py/: `import kvlease` resolves to the installed wheel (py/python is
-    # not on the path), and the node processes import the same.
-    #
-    # The end-to-end cases over UCX tcp run in a second pytest beside the
-    # rest: those cases mostly wait out leases in real time (the shm and tcp
-    # halves took about 115 s each of the suite's 311 s), and their node
-    # processes leave the cores free between steps (harness/engine.py pauses
-    # NIXL's progress thread). Each pytest has its own JUnit file; both
-    # append to the figures file, at the end of their sessions.
-    e2e_tcp=(tests/vllm/test_e2e.py -k tcp)
+    # not on the path), and the node processes import the same. One pytest:
+    # the end-to-end cases over shm and tcp in two at once raced for the
+    # "free" ports each picks (likely why one such run failed all its shm
+    # cases; not confirmed).
     (cd py && KVLEASE_E2E_FIGURES="${results}/e2e-figures.txt" "$VLLM_ENV_PYTHON" -m pytest -q \
-        -p no:cacheprovider -rfEsxX --timeout=900 --junitxml="${results}/py-tests-e2e-tcp.xml" \
-        "${e2e_tcp[@]}") > "${results}/py-tests-e2e-tcp.txt" 2>&1 &
-    tcp_pid=$!
-    rc=0
-    (cd py && KVLEASE_E2E_FIGURES="${results}/e2e-figures.txt" "$VLLM_ENV_PYTHON" -m pytest -q \
-        -p no:cacheprovider -rfEsxX --timeout=900 --junitxml="${results}/py-tests.xml" tests \
-        -k "not (test_e2e and tcp)") || rc=$?
-    tcp_rc=0
-    wait "$tcp_pid" || tcp_rc=$?
-    echo "-- beside it, ${e2e_tcp[*]} (exit ${tcp_rc}):"
-    if [ "$tcp_rc" = 0 ]; then
-        grep -E '^(\[|[0-9]+ passed)' "${results}/py-tests-e2e-tcp.txt" || true
-    else
-        tail -150 "${results}/py-tests-e2e-tcp.txt"
-    fi
-    if [ "$rc" != 0 ] || [ "$tcp_rc" != 0 ]; then
-        exit 1
-    fi
+        -p no:cacheprovider -rfEsxX --timeout=900 --junitxml="${results}/py-tests.xml" tests)
     end tests
 fi
 
