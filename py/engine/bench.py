@@ -62,7 +62,8 @@ def histogram_p50(inst, name: str) -> float | None:
 
 def measure(label: str, connector: str, extra: dict, prompts, max_tokens: int, logs: Path,
             model: str, concurrency: int) -> dict:
-    p_spec = InstanceSpec(f"bench-p-{connector}", connector=connector, extra=extra)
+    p_spec = InstanceSpec(f"bench-p-{connector}", connector=connector, extra=extra,
+                          prefill=True)
     d_spec = InstanceSpec(f"bench-d-{connector}", connector=connector, extra=extra)
     p, d = start_all([p_spec, d_spec], model, logs)
     # vLLM's toy proxy streams D's answer through; the float64 router reads

@@ -47,6 +47,11 @@ NIXL_PROGRESS_DELAY_US = 1000
 #: it looks again without a wake-up, in ms (vLLM: 5,000; a missed wake-up
 #: stalled D for multiples of 5 s: plugins/kvlease_engine_plugins.py).
 SHM_RECHECK_MS = 50
+#: How long a P's readers of that queue spin after a read before they sleep
+#: on the writer's wake-up, in ms (vLLM: 1,000 ms, kept for every other
+#: instance). A P that holds blocks for D steps continuously, so its readers
+#: never stopped spinning: plugins/kvlease_engine_plugins.py.
+P_SHM_SPIN_MS = 0
 
 #: How long an instance may take to answer /health after it starts.
 START_TIMEOUT_S = 240.0
@@ -114,6 +119,8 @@ class InstanceSpec:
     num_blocks: int | None = None
     max_num_seqs: int = 4
     kv_load_failure_policy: str = "recompute"
+    #: A prefill instance (P): its step queue does not spin (P_SHM_SPIN_MS).
+    prefill: bool = False
     env: dict[str, str] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)
 
@@ -190,6 +197,10 @@ class Instance:
             # A missed wake-up in vLLM's step queue costs 5 s otherwise
             # (plugins/kvlease_engine_plugins.py); "" keeps vLLM's 5 s.
             KVLEASE_ENGINE_SHM_RECHECK_MS=env.get("ENGINE_SHM_RECHECK_MS", str(SHM_RECHECK_MS)),
+            # A P holding blocks for D takes most of a core per process
+            # otherwise (plugins/kvlease_engine_plugins.py); "" keeps vLLM's 1 s.
+            KVLEASE_ENGINE_SHM_SPIN_MS=(env.get("ENGINE_P_SHM_SPIN_MS", str(P_SHM_SPIN_MS))
+                                        if self.spec.prefill else ""),
         )
         env.update(self.spec.env)
         return env

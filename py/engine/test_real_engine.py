@@ -16,8 +16,10 @@ phase  instances (role: connector)           cases
 A      ref: plain, p and d: kvlease,         happy (toy proxy, float64 router), late
        p_stock and d_stock: stock            arrival and soak beside the stock
                                              controls, preemption on P, mixed fleets
-C      p restarted                           P killed mid-flight
-D      d: kvlease, small KV cache            overload, D killed
+C      p restarted, d_small started beside   P killed mid-flight
+       it (one start for phases C and D)
+D      d stopped; d_small: kvlease, small    overload, D killed
+       KV cache
 E      p: kvlease TP 2, d: kvlease, both     heterogeneous TP; async scheduling
        with async scheduling
 =====  ====================================  =========================================
@@ -80,7 +82,7 @@ D_SMALL = dict(num_blocks=D_SMALL_BLOCKS, args=["--max-num-seqs", "1"])
 def p_spec(connector: str, tp: int = 1, **kw) -> InstanceSpec:
     name = f"p-{connector}" + (f"-tp{tp}" if tp > 1 else "") + ("-async" if "env" in kw else "")
     return InstanceSpec(name=name, connector=connector, extra=dict(EXTRA), tp=tp,
-                        num_blocks=P_BLOCKS, args=list(P_ARGS), **kw)
+                        num_blocks=P_BLOCKS, args=list(P_ARGS), prefill=True, **kw)
 
 
 def d_spec(connector: str, **kw) -> InstanceSpec:
@@ -90,6 +92,8 @@ def d_spec(connector: str, **kw) -> InstanceSpec:
 
 
 REF = InstanceSpec(name="ref")
+#: Phase D's D, started with phase C's new P (one start fewer: about 35 s).
+D_SMALL_SPEC = d_spec("kvlease", **D_SMALL)
 PHASE_A = dict(p=p_spec("kvlease"), d=d_spec("kvlease"),
                p_stock=p_spec("stock"), d_stock=d_spec("stock"))
 ASYNC_ENV = {"KVLEASE_ENGINE_ASYNC_SCHEDULING": "1"}
@@ -102,7 +106,11 @@ FILLER = ("filler", 14, 3, {})
 OVERLOAD = ("overload", 24, 4, {"min_len": 40, "max_len": 60, "max_tokens": 300})
 PREEMPT = ("preempt", 6, 5, {"min_len": 380, "max_len": 420, "max_tokens": 8})
 SOAK = ("soak", 200, 6, {"min_len": 64, "max_len": 128, "max_tokens": 12})
-KILL = ("kill", 8, 7, {"max_tokens": 200})
+#: Decodes long enough (up to 510 tokens, 16 of the small D's 17 blocks) that
+#: the small D reads the queue's KV one request at a time: P still holds
+#: most of it when D is killed (with 200-token decodes D had read all 8
+#: within 10 s, and a kill 7 s in found P nearly empty).
+KILL = ("kill", 8, 7, {"min_len": 96, "max_len": 110, "max_tokens": 400})
 AFTER = ("after", 8, 8, {})
 MIXED = ("mixed", 12, 9, {})
 TP2 = ("tp2", 12, 10, {})
@@ -451,8 +459,9 @@ def test_p_killed_mid_flight_d_fails_those_loads_and_serves_on(fleet, sets, reco
     figures["took_s"] = round(took, 1)
     # P's death fails vLLM's own READs (a failed transfer, recomputed).
     figures.update(delta(counters(d), before, "failed_checks", "failed_transfers"))
-    # A new P (new engine id); the same D serves what follows.
-    fleet.ensure(p=PHASE_A["p"], d=PHASE_A["d"])
+    # A new P (new engine id); the same D serves what follows. Phase D's
+    # small D starts beside the new P: one start instead of two in a row.
+    fleet.ensure(p=PHASE_A["p"], d=PHASE_A["d"], d_small=D_SMALL_SPEC)
     more = run(complete_all(fleet.router("float64").url, sets["after"].prompts, concurrency=4,
                             max_tokens=sets["after"].max_tokens, prefix="after-pkill"))
     figures["after_equal"] = compare(more, sets["after"].reference)["texts_equal"]
@@ -497,10 +506,11 @@ def test_overload_heartbeats_keep_queued_requests_alive(fleet, sets, record):
     arrival, the late-arrival case's business) from one D had queued."""
     # The stock pair stops (as in the whole run, where the P-killed case
     # stopped it): each idle NIXL worker polls half a core away from D.
-    fleet.ensure(p=PHASE_A["p"], d=d_spec("kvlease", **D_SMALL), p_stock=None, d_stock=None)
-    p, d = fleet.running["p"], fleet.running["d"]
+    # Phase A's D stops too: only the small D reads from P here.
+    fleet.ensure(p=PHASE_A["p"], d=None, d_small=D_SMALL_SPEC, p_stock=None, d_stock=None)
+    p, d = fleet.running["p"], fleet.running["d_small"]
     ps = sets["overload"]
-    router = fleet.router("float64")
+    router = fleet.router("float64", "p", "d_small")
     # Shorter than a block (32 tokens), so that no block of it stays cached.
     warm = run(complete_all(router.url, [ps.prompts[0][:16]], max_tokens=4, prefix="overload-warm"))
     assert warm[0].ok, warm
@@ -566,9 +576,9 @@ def test_d_killed_p_reclaims_within_the_bound(fleet, sets, record):
     """Requests queued on D (long decodes, D's small cache), D SIGKILLed:
     P's KV usage (its /metrics) returns to its baseline within max(lease,
     extension + interval) plus a step."""
-    fleet.ensure(p=PHASE_A["p"], d=d_spec("kvlease", **D_SMALL))
+    fleet.ensure(p=PHASE_A["p"], d=None, d_small=D_SMALL_SPEC)
     p = fleet.running["p"]
-    router = fleet.router("float64")
+    router = fleet.router("float64", "p", "d_small")
     ps = sets["kill"]
     baseline = p.kv_usage()
 
@@ -578,14 +588,15 @@ def test_d_killed_p_reclaims_within_the_bound(fleet, sets, record):
                                                   max_tokens=ps.max_tokens,
                                                   request_id=f"dk-{i}-{random.getrandbits(24):06x}"))
                      for i, pr in enumerate(ps.prompts)]
-            # Until P holds the queued requests' blocks, heartbeated by D.
+            # Until P holds the queued requests' blocks, then a heartbeat
+            # interval, so that D's heartbeats have renewed their leases.
             for _ in range(240):
                 if p.kv_usage() > baseline:
                     break
                 await asyncio.sleep(0.25)
-            await asyncio.sleep(2 * INTERVAL)
+            await asyncio.sleep(INTERVAL)
             held = p.kv_usage()
-            fleet.kill("d")
+            fleet.kill("d_small")
             back = await asyncio.to_thread(p_usage_back, p, baseline, 3 * LEASE)
             for t in tasks:
                 t.cancel()

@@ -32,7 +32,8 @@ def say(msg: str) -> None:
 def pair(connector: str, lease: int, model: str, logs: Path):
     extra = {"kv_lease_duration": lease}
     # A small P cache: freed blocks are reused by the next prefills at once.
-    p = InstanceSpec(f"p-{connector}", connector=connector, extra=extra, num_blocks=32)
+    p = InstanceSpec(f"p-{connector}", connector=connector, extra=extra, num_blocks=32,
+                     prefill=True)
     d = InstanceSpec(f"d-{connector}", connector=connector, extra=extra)
     return start_all([p, d], model, logs)
 
