@@ -75,7 +75,7 @@ P_ARGS = ["--max-num-batched-tokens", "128", "--long-prefill-token-threshold", "
 D_SMALL_BLOCKS = 18
 #: ... and it runs one request at a time, so that the queue outlives the
 #: lease however fast the machine decodes (a D that is not starved decodes
-#: the 24 overload requests four at a time in under 20 s).
+#: 24 overload requests (300 tokens each) four at a time in under 20 s).
 D_SMALL = dict(num_blocks=D_SMALL_BLOCKS, args=["--max-num-seqs", "1"])
 
 
@@ -103,7 +103,12 @@ ASYNC_ENV = {"KVLEASE_ENGINE_ASYNC_SCHEDULING": "1"}
 HAPPY = ("happy", 24, 1, {})
 LATE_A = ("late-a", 1, 2, {})
 FILLER = ("filler", 14, 3, {})
-OVERLOAD = ("overload", 24, 4, {"min_len": 40, "max_len": 60, "max_tokens": 300})
+#: 32 x 300 tokens, one request at a time on the small D: 24 of them took
+#: 37 s once D no longer starved (13 past lease + interval), which would
+#: leave a host twice as fast about 3; 32 leave it about 8. (400 tokens
+#: leave the small D 2 blocks beside the running request, and 32 of them
+#: took 152 s.)
+OVERLOAD = ("overload", 32, 4, {"min_len": 40, "max_len": 60, "max_tokens": 300})
 PREEMPT = ("preempt", 6, 5, {"min_len": 380, "max_len": 420, "max_tokens": 8})
 SOAK = ("soak", 200, 6, {"min_len": 64, "max_len": 128, "max_tokens": 12})
 #: Decodes long enough (up to 510 tokens, 16 of the small D's 17 blocks) that
@@ -478,7 +483,7 @@ def test_p_killed_mid_flight_d_fails_those_loads_and_serves_on(fleet, sets, reco
 
 
 def test_overload_heartbeats_keep_queued_requests_alive(fleet, sets, record):
-    """24 requests with long decodes on a D that runs one at a time: most wait in
+    """32 requests with long decodes on a D that runs one at a time: most wait in
     D's queue longer than the lease, and D's heartbeats keep P's blocks: 0
     leases expire, 0 checks fail, every text equal. The case fails if fewer
     than three requests stayed on D (router's D leg) longer than the lease
@@ -517,10 +522,10 @@ def test_overload_heartbeats_keep_queued_requests_alive(fleet, sets, record):
     p_before, d_before = counters(p), counters(d)
     p_log_from = len(p.log_text())
     stalls_before = d.count_in_log(STALL_LINE)
-    # The last request waits out the whole queue, 24 x 300 tokens one at a
-    # time: 48 s on a quiet host, 174 s in a gate run here where D's steps
-    # stalled (its heartbeat rounds 10-12 s apart), close to the 180 s every
-    # other case allows a request. The case is about leases, not speed.
+    # The last request waits out the whole queue, one request at a time:
+    # 24 x 300 tokens took 174 s in a gate run where D's steps stalled (its
+    # heartbeat rounds 10-12 s apart), close to the 180 s every other case
+    # allows a request. The case is about leases, not speed.
     answers = run(complete_all(router.url, ps.prompts, concurrency=len(ps.prompts),
                                max_tokens=ps.max_tokens, prefix="overload", stagger_s=0.25,
                                timeout_s=600.0))
@@ -581,6 +586,7 @@ def test_d_killed_p_reclaims_within_the_bound(fleet, sets, record):
     router = fleet.router("float64", "p", "d_small")
     ps = sets["kill"]
     baseline = p.kv_usage()
+    answered = p.metric("vllm:request_success_total")
 
     async def scenario():
         async with aiohttp.ClientSession() as session:
@@ -588,10 +594,13 @@ def test_d_killed_p_reclaims_within_the_bound(fleet, sets, record):
                                                   max_tokens=ps.max_tokens,
                                                   request_id=f"dk-{i}-{random.getrandbits(24):06x}"))
                      for i, pr in enumerate(ps.prompts)]
-            # Until P holds the queued requests' blocks, then a heartbeat
-            # interval, so that D's heartbeats have renewed their leases.
-            for _ in range(240):
-                if p.kv_usage() > baseline:
+            # Until P answered every prefill (its leases all begun), then a
+            # heartbeat interval, so that D's heartbeats have renewed them:
+            # a lease begun just before the kill runs its whole first term
+            # (18 s of the 19 s bound, measured once when the kill came
+            # while P still prefilled).
+            for _ in range(480):
+                if p.metric("vllm:request_success_total") - answered >= len(ps.prompts):
                     break
                 await asyncio.sleep(0.25)
             await asyncio.sleep(INTERVAL)
