@@ -85,8 +85,9 @@ def _shorter_shm_spin() -> None:
     (``SpinCondition.busy_loop_s``). Stepping every few milliseconds, such a
     P never stops spinning: measured, a TP 2 P holding leases took its
     EngineCore at 50 % of a core and each worker at 55 %, and D, on the same
-    2 cores, ran decode steps of seconds (no token and no heartbeat round
-    for 15-19 s, and the leases it was reading lapsed). With no spin, a
+    2 cores, made no token and sent no heartbeat round for 15-19 s at a time
+    (py-spy: its EngineCore waiting on its worker, the worker in the forward
+    pass), and the leases it was reading lapsed. With no spin, a
     reader sleeps on the writer's wake-up (``notify`` after every write),
     bounded by the recheck above. Set for P instances only: every step then
     pays a wake-up, and a plain instance decoding 8 requests at once
