@@ -7,10 +7,18 @@
 //! `cmpl-<32 hex>-0` (39 bytes).
 //!
 //! - `roles_rank_step`: one P worker's step: 8 heartbeat messages of 256 ids
-//!   (`rank`: text `HB:`, `rank_compact`: `HBC:` records) through
+//!   (`rank`: text `HB:`, `rank_compact`: `HBC:` records, `rank_packed`:
+//!   `HBP:` records) through
 //!   `PrefillRank::on_notification`, `poll`, and the step's report message
 //!   encoded; `lease_book`: the same step on a one-rank `LeaseBook`;
 //!   `baseline`: split, `HashMap` update, full-scan reaper. Throughput in ids.
+//! - `roles_heartbeat_round`: one P worker's step when a D's whole heartbeat
+//!   round arrives (10k and 100k leases, each named once, in messages of up
+//!   to 64 KiB, in D's order, which after churn is no order on P: a random
+//!   permutation), then `poll`: `rank` (`HB:`), `rank_compact` (`HBC:`),
+//!   `rank_packed` (`HBP:`, what the vLLM plugin's D sends; issue 30's
+//!   target, 0.5 ms at 100k, is for this step); `baseline`: the text round
+//!   into a `HashMap` plus a full-scan reaper. Throughput in records.
 //! - `roles_sched_step`: the scheduler's step under churn at constant size:
 //!   a report message releasing 64 leases decoded and applied, the 64
 //!   releases drained and their slots freed, 64 new grants, and the
@@ -94,6 +102,9 @@ struct RankFixture {
     extension: Duration,
     text: Vec<String>,
     compact: Vec<Vec<u8>>,
+    packed: Vec<Vec<u8>>,
+    /// One whole heartbeat round, permuted: text, compact, packed messages.
+    round: [Vec<Vec<u8>>; 3],
     report_buf: Vec<u8>,
 }
 
@@ -108,7 +119,7 @@ fn rank_fixture(n: u32) -> RankFixture {
     let order = permutation(n, &mut rng);
     let count = (n as usize).div_ceil(IDS_PER_MSG);
     let mut scratch = vec![0u8; 64 * 1024];
-    let (mut text, mut compact) = (Vec::new(), Vec::new());
+    let (mut text, mut compact, mut packed) = (Vec::new(), Vec::new(), Vec::new());
     for j in 0..count {
         let entries: Vec<u32> = (0..IDS_PER_MSG)
             .map(|i| order[(j * IDS_PER_MSG + i) % n as usize])
@@ -130,8 +141,47 @@ fn rank_fixture(n: u32) -> RankFixture {
             |m| compact.push(m.to_vec()),
         )
         .expect("encode");
+        wire::encode_packed_heartbeats(
+            entries.iter().map(|&e| {
+                let (entry, nonce) = leases[e as usize];
+                CompactEntry { slot: entry, nonce }
+            }),
+            4 + 16 * IDS_PER_MSG,
+            &mut scratch,
+            |m| packed.push(m.to_vec()),
+        )
+        .expect("encode");
     }
-    assert_eq!((text.len(), compact.len()), (count, count));
+    assert_eq!(
+        (text.len(), compact.len(), packed.len()),
+        (count, count, count)
+    );
+    // The whole round, at the plugin's 64 KiB limit.
+    const ROUND_MSG: usize = 64 * 1024;
+    let mut scratch = vec![0u8; ROUND_MSG];
+    let mut round: [Vec<Vec<u8>>; 3] = Default::default();
+    let records = || {
+        order.iter().map(|&e| {
+            let (slot, nonce) = leases[e as usize];
+            CompactEntry { slot, nonce }
+        })
+    };
+    let [r_text, r_compact, r_packed] = &mut round;
+    wire::encode_heartbeats(
+        order.iter().map(|&e| ids[e as usize].as_str()),
+        ROUND_MSG,
+        &mut scratch,
+        |m| r_text.push(m.to_vec()),
+    )
+    .expect("encode");
+    wire::encode_compact_heartbeats(records(), ROUND_MSG, &mut scratch, |m| {
+        r_compact.push(m.to_vec())
+    })
+    .expect("encode");
+    wire::encode_packed_heartbeats(records(), ROUND_MSG, &mut scratch, |m| {
+        r_packed.push(m.to_vec())
+    })
+    .expect("encode");
     RankFixture {
         n,
         report_buf: vec![0u8; rank.max_reports_len()],
@@ -141,7 +191,57 @@ fn rank_fixture(n: u32) -> RankFixture {
         extension: cfg.lease_extension(),
         text,
         compact,
+        packed,
+        round,
     }
+}
+
+fn bench_heartbeat_round(c: &mut Criterion, f: &mut RankFixture) {
+    let n = f.n;
+    let mut g = group(c, "roles_heartbeat_round", n);
+    g.throughput(Throughput::Elements(u64::from(n)));
+    let names = ["rank", "rank_compact", "rank_packed"];
+    for (name, msgs) in names.iter().zip(&f.round) {
+        let (mut now, mut renewed) = (T0, 0u64);
+        g.bench_function(BenchmarkId::new(*name, n), |b| {
+            b.iter(|| {
+                now = now + STEP;
+                for m in msgs {
+                    let s = f
+                        .rank
+                        .on_notification("d0", black_box(m), now)
+                        .expect("decodes");
+                    renewed += u64::from(s.renewed);
+                }
+                f.rank.poll(now);
+            })
+        });
+        assert_eq!(
+            renewed % u64::from(n),
+            0,
+            "{name}: every lease renews each round"
+        );
+        assert_eq!(f.rank.held(), n, "{name}: nothing expires");
+    }
+    let (mut now, mut expired) = (T0, 0u64);
+    let ext = f.extension;
+    g.bench_function(BenchmarkId::new("baseline", n), |b| {
+        b.iter(|| {
+            now = now + STEP;
+            let to = now + ext;
+            for msg in &f.round[0] {
+                let text = core::str::from_utf8(black_box(msg)).unwrap_or("");
+                for id in text.strip_prefix("HB:").unwrap_or("").split(',') {
+                    if let Some(d) = f.map.get_mut(id) {
+                        *d = (*d).max(to);
+                    }
+                }
+            }
+            expired += map_poll(&mut f.map, now);
+        })
+    });
+    assert_eq!(expired, 0, "baseline: nothing expires");
+    g.finish();
 }
 
 fn bench_rank_step(c: &mut Criterion, f: &mut RankFixture) {
@@ -151,7 +251,12 @@ fn bench_rank_step(c: &mut Criterion, f: &mut RankFixture) {
     let count = f.text.len();
     let text: Vec<&[u8]> = f.text.iter().map(|m| m.as_bytes()).collect();
     let compact: Vec<&[u8]> = f.compact.iter().map(|m| m.as_slice()).collect();
-    for (name, msgs) in [("rank", &text), ("rank_compact", &compact)] {
+    let packed: Vec<&[u8]> = f.packed.iter().map(|m| m.as_slice()).collect();
+    for (name, msgs) in [
+        ("rank", &text),
+        ("rank_compact", &compact),
+        ("rank_packed", &packed),
+    ] {
         let (mut now, mut j, mut renewed, mut ids) = (T0, 0usize, 0u64, 0u64);
         g.bench_function(BenchmarkId::new(name, n), |b| {
             b.iter(|| {
@@ -431,6 +536,9 @@ fn benches(c: &mut Criterion) {
     for n in SIZES {
         let mut f = rank_fixture(n);
         bench_rank_step(c, &mut f);
+        if n == 10_000 || n == 100_000 {
+            bench_heartbeat_round(c, &mut f);
+        }
         drop(f);
         let mut f = sched_fixture(n);
         bench_sched_step(c, &mut f);

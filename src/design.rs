@@ -123,7 +123,9 @@
 //!
 //! - Notifications ([`crate::wire`]): `HB:id,id,...` and read-dones
 //!   `id:consumers[:nonce=<16 hex>]`, byte-compatible with vLLM's
-//!   NixlConnector, and the compact `HBC:` form of (slot, nonce) records.
+//!   NixlConnector, and two forms of (slot, nonce) records: compact `HBC:`
+//!   (hex) and packed `HBP:` (six-bit digits, four times cheaper for P to
+//!   decode; the vLLM plugin's D sends it).
 //! - Clock re-samples ([`crate::clock_ping`]): `CLKPING:` / `CLKPONG:`.
 //! - Role messages ([`crate::ipc`]): a versioned 32-byte header, fixed-size
 //!   records, an id area.

@@ -34,6 +34,7 @@ fn a_steady_host_verifier_step_allocates_nothing() {
                     count: slots.len(),
                 }),
                 compact_heartbeats: false,
+                packed_heartbeats: false,
             };
             let record = PeerRecord {
                 agent_name: name,

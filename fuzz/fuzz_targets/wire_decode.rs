@@ -10,11 +10,13 @@
 //! 2. as a batch of heartbeat ids (lines of the input) under a message limit
 //!    taken from its first byte: the messages must fit, and their ids,
 //!    concatenated, must be exactly the encodable input ids in order;
-//! 3. as a batch of compact (slot, nonce) records: same round trip.
+//! 3. as a batch of (slot, nonce) records: the same round trip, through
+//!    both record forms (`HBC:` hex, `HBP:` packed).
 #![no_main]
 
 use kvlease::wire::{
     self, CompactEntry, Notification, WireError, COMPACT_HEARTBEAT_PREFIX, HEARTBEAT_PREFIX,
+    PACKED_HEARTBEAT_PREFIX,
 };
 use kvlease::Nonce;
 use libfuzzer_sys::fuzz_target;
@@ -31,6 +33,7 @@ enum Meaning {
     /// The non-empty ids, and how many pieces were empty (vLLM's P skips them).
     Heartbeat(Vec<String>, usize),
     Compact(Vec<(u32, u64)>),
+    Packed(Vec<(u32, u64)>),
     ReadDone(String, u32, Option<u64>),
 }
 
@@ -41,6 +44,9 @@ fn meaning(n: &Notification<'_>) -> Meaning {
         }
         Notification::CompactHeartbeat(e) => {
             Meaning::Compact(e.clone().map(|e| (e.slot, e.nonce.get())).collect())
+        }
+        Notification::PackedHeartbeat(e) => {
+            Meaning::Packed(e.clone().map(|e| (e.slot, e.nonce.get())).collect())
         }
         Notification::ReadDone(r) => Meaning::ReadDone(
             r.request_id.to_string(),
@@ -67,6 +73,26 @@ fn reference(msg: &[u8]) -> Option<Meaning> {
             out.push((slot, nonce));
         }
         return Some(Meaning::Compact(out));
+    }
+    if let Some(body) = msg.strip_prefix(PACKED_HEARTBEAT_PREFIX) {
+        // Digit k of a record is byte k - 0x40; V = sum of digit k << 6k.
+        if body.is_empty() || body.len() % 16 != 0 || !body.iter().all(|b| (0x40..0x80).contains(b))
+        {
+            return None;
+        }
+        let mut out = Vec::new();
+        for rec in body.chunks(16) {
+            let v = rec
+                .iter()
+                .enumerate()
+                .fold(0u128, |v, (k, &b)| v | (u128::from(b - 0x40) << (6 * k)));
+            let (slot, nonce) = (v as u32, (v >> 32) as u64);
+            if nonce == 0 {
+                return None;
+            }
+            out.push((slot, nonce));
+        }
+        return Some(Meaning::Packed(out));
     }
     if let Some(body) = msg.strip_prefix(HEARTBEAT_PREFIX) {
         // vLLM's P: split on ',', renew what it holds, ignore empty pieces.
@@ -171,6 +197,16 @@ fn check_decode(data: &[u8]) {
             assert!(msgs.iter().all(|m| m.len() <= limit));
             assert_eq!(compact_entries(&msgs), entries.collect::<Vec<_>>());
         }
+        Notification::PackedHeartbeat(entries) => {
+            // The packed form is canonical: the very same bytes come back.
+            let (msgs, stats) = encode_packed(entries.clone(), data.len());
+            assert_eq!(stats.messages, 1);
+            assert_eq!(msgs[0], data);
+            let limit = 20 + data.len() / 4;
+            let (msgs, _) = encode_packed(entries.clone(), limit);
+            assert!(msgs.iter().all(|m| m.len() <= limit));
+            assert_eq!(record_entries(&msgs), entries.collect::<Vec<_>>());
+        }
         Notification::ReadDone(r) => {
             let mut out = vec![0u8; wire::read_done_len(r.request_id, r.consumers, r.nonce)];
             // The original message did not start with a heartbeat prefix and
@@ -216,11 +252,33 @@ fn encode_compact(
     (out, stats)
 }
 
+fn encode_packed(
+    entries: impl IntoIterator<Item = CompactEntry>,
+    max_len: usize,
+) -> (Vec<Vec<u8>>, wire::EncodeStats) {
+    let mut scratch = vec![0u8; max_len];
+    let mut out = Vec::new();
+    let stats =
+        wire::encode_packed_heartbeats(entries, max_len, &mut scratch, |m| out.push(m.to_vec()))
+            .expect("valid limit and scratch");
+    (out, stats)
+}
+
 /// Every entry of the compact heartbeats `msgs`, in order (each must be one).
 fn compact_entries(msgs: &[Vec<u8>]) -> Vec<CompactEntry> {
     msgs.iter()
         .flat_map(|m| match wire::decode(m) {
             Ok(Notification::CompactHeartbeat(e)) => e.collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
+/// Every entry of the packed heartbeats `msgs`, in order (each must be one).
+fn record_entries(msgs: &[Vec<u8>]) -> Vec<CompactEntry> {
+    msgs.iter()
+        .flat_map(|m| match wire::decode(m) {
+            Ok(Notification::PackedHeartbeat(e)) => e.collect::<Vec<_>>(),
             other => panic!("{other:?}"),
         })
         .collect()
@@ -275,4 +333,8 @@ fn check_compact_batch(data: &[u8]) {
     assert!(msgs.iter().all(|m| m.len() <= max_len));
     assert_eq!(stats.entries as usize, entries.len());
     assert_eq!(compact_entries(&msgs), entries);
+    let (msgs, stats) = encode_packed(entries.iter().copied(), max_len);
+    assert!(msgs.iter().all(|m| m.len() <= max_len));
+    assert_eq!(stats.entries as usize, entries.len());
+    assert_eq!(record_entries(&msgs), entries);
 }

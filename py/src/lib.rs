@@ -60,5 +60,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wire::advert_accepts_compact_heartbeats,
         m
     )?)?;
+    m.add_function(wrap_pyfunction!(wire::advert_accepts_packed_heartbeats, m)?)?;
     Ok(())
 }

@@ -71,6 +71,7 @@ impl SlotChecker {
                 count: slot_count,
             }),
             compact_heartbeats: false,
+            packed_heartbeats: false,
         });
         let record = PeerRecord {
             agent_name,

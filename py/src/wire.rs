@@ -72,19 +72,23 @@ pub(crate) fn encode_heartbeats<'py>(
 
 /// `HBC:` compact heartbeats renewing `entries`, each `(slot, nonce)` as P
 /// exported them (`remote_lease_slot`, `remote_lease_nonce` in its int64
-/// form), split so that none exceeds `max_len` bytes. Only for a peer that
-/// advertises compact heartbeats (`advert_accepts_compact_heartbeats`): a
-/// stock vLLM P would take the message for a read-done of an unknown id.
+/// form), split so that none exceeds `max_len` bytes; with `packed`, the
+/// same records as `HBP:` packed heartbeats (16 bytes a record instead of
+/// 24, and about four times cheaper for P to decode). Only for a peer that
+/// advertises the form (`advert_accepts_compact_heartbeats`,
+/// `advert_accepts_packed_heartbeats`): a stock vLLM P would take the
+/// message for a read-done of an unknown id.
 /// Raises `WireError` for a nonce of 0 (no lease has it) or a `max_len`
-/// under 28 bytes (the prefix and one record), before anything is encoded;
-/// a slot outside u32 or a nonce outside int64 is refused by the
-/// conversion itself (`OverflowError`).
+/// under one record and the prefix (28 bytes, packed 20), before anything
+/// is encoded; a slot outside u32 or a nonce outside int64 is refused by
+/// the conversion itself (`OverflowError`).
 #[pyfunction]
-#[pyo3(signature = (entries, max_len = 65536))]
+#[pyo3(signature = (entries, max_len = 65536, packed = false))]
 pub(crate) fn encode_compact_heartbeats<'py>(
     py: Python<'py>,
     entries: &Bound<'py, PyAny>,
     max_len: usize,
+    packed: bool,
 ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
     // Collected first, so that a bad entry raises before any message exists.
     let mut records = Vec::with_capacity(entries.len().unwrap_or(0));
@@ -97,21 +101,31 @@ pub(crate) fn encode_compact_heartbeats<'py>(
     // buffer is sized to that, not to a `max_len` from outside (which could
     // ask for any amount of memory); a `max_len` too small for one record
     // stays too small and is refused by the encoder.
-    let whole = wire::COMPACT_HEARTBEAT_PREFIX.len()
-        + wire::COMPACT_RECORD_LEN.saturating_mul(records.len().max(1));
+    let record_len = if packed {
+        wire::PACKED_RECORD_LEN
+    } else {
+        wire::COMPACT_RECORD_LEN
+    };
+    // Both prefixes are 4 bytes.
+    let whole =
+        wire::COMPACT_HEARTBEAT_PREFIX.len() + record_len.saturating_mul(records.len().max(1));
     let max_len = max_len.min(whole);
     let mut scratch = vec![0u8; max_len];
     let mut out = Vec::new();
-    wire::encode_compact_heartbeats(records, max_len, &mut scratch, |m| {
-        out.push(PyBytes::new(py, m))
-    })
+    let emit = |m: &[u8]| out.push(PyBytes::new(py, m));
+    if packed {
+        wire::encode_packed_heartbeats(records, max_len, &mut scratch, emit)
+    } else {
+        wire::encode_compact_heartbeats(records, max_len, &mut scratch, emit)
+    }
     .map_err(errors::wire)?;
     Ok(out)
 }
 
 /// Decodes one notification: `("heartbeat", [ids])`, `("compact", [(slot,
-/// nonce)])` or `("read_done", id, consumers, nonce_or_None)`. Raises
-/// `WireError` for bytes that are none of them.
+/// nonce)])`, `("packed", [(slot, nonce)])` or `("read_done", id,
+/// consumers, nonce_or_None)`. Raises `WireError` for bytes that are none
+/// of them.
 #[pyfunction]
 pub(crate) fn decode_notification<'py>(
     py: Python<'py>,
@@ -128,13 +142,8 @@ pub(crate) fn decode_notification<'py>(
                 ],
             )
         }
-        Notification::CompactHeartbeat(entries) => {
-            let e: Vec<(u32, i64)> = entries.map(|e| (e.slot, e.nonce.as_int64())).collect();
-            PyTuple::new(
-                py,
-                ["compact".into_bound_py_any(py)?, e.into_bound_py_any(py)?],
-            )
-        }
+        Notification::CompactHeartbeat(entries) => records_tuple(py, "compact", entries),
+        Notification::PackedHeartbeat(entries) => records_tuple(py, "packed", entries),
         Notification::ReadDone(rd) => PyTuple::new(
             py,
             [
@@ -149,15 +158,17 @@ pub(crate) fn decode_notification<'py>(
 
 /// The 32-byte lease advert a P worker puts in its handshake metadata: its
 /// slot array at `address`, `nbytes` long, holding `count` slots; with
-/// `compact_heartbeats`, the worker also says it renews on `HBC:` messages.
+/// `compact_heartbeats`, the worker also says it renews on `HBC:` messages,
+/// with `packed_heartbeats` on `HBP:` ones.
 #[pyfunction]
-#[pyo3(signature = (address, nbytes, count, compact_heartbeats = false))]
+#[pyo3(signature = (address, nbytes, count, compact_heartbeats = false, packed_heartbeats = false))]
 pub(crate) fn lease_advert<'py>(
     py: Python<'py>,
     address: u64,
     nbytes: u64,
     count: u32,
     compact_heartbeats: bool,
+    packed_heartbeats: bool,
 ) -> Bound<'py, PyBytes> {
     let advert = LeaseAdvert {
         slots: Some(SlotRegion {
@@ -166,6 +177,7 @@ pub(crate) fn lease_advert<'py>(
             count,
         }),
         compact_heartbeats,
+        packed_heartbeats,
     };
     PyBytes::new(py, &advert.encode())
 }
@@ -189,4 +201,24 @@ pub(crate) fn advert_accepts_compact_heartbeats(advert: &Bound<'_, PyAny>) -> Py
         let a = LeaseAdvert::decode(advert).map_err(errors::wire)?;
         Ok(a.compact_heartbeats)
     })
+}
+
+/// Whether a peer's lease advert says it renews on packed (`HBP:`)
+/// heartbeats. Raises `WireError` for bytes that are not an advert.
+#[pyfunction]
+pub(crate) fn advert_accepts_packed_heartbeats(advert: &Bound<'_, PyAny>) -> PyResult<bool> {
+    with_bytes(advert, |advert| {
+        let a = LeaseAdvert::decode(advert).map_err(errors::wire)?;
+        Ok(a.packed_heartbeats)
+    })
+}
+
+/// A decoded record heartbeat as `(kind, [(slot, nonce)])`.
+fn records_tuple<'py>(
+    py: Python<'py>,
+    kind: &str,
+    entries: impl Iterator<Item = CompactEntry>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let e: Vec<(u32, i64)> = entries.map(|e| (e.slot, e.nonce.as_int64())).collect();
+    PyTuple::new(py, [kind.into_bound_py_any(py)?, e.into_bound_py_any(py)?])
 }

@@ -26,6 +26,7 @@ messages = st.one_of(
     st.binary(max_size=400),
     prefixed(b"HB:"),
     prefixed(b"HBC:"),
+    prefixed(b"HBP:"),
     prefixed(b"KVLR"),  # role-message magic-ish starts
     st.text(max_size=200).map(str.encode),
 )

@@ -54,6 +54,22 @@ def test_compact_heartbeats_are_the_librarys_records_split_to_the_limit():
     assert kvlease.encode_compact_heartbeats([]) == []
 
 
+def test_packed_heartbeats_carry_the_same_records_in_16_bytes_each():
+    entries = [(s, 0x5EED + s) for s in range(100)] + [(2**32 - 1, -5), (7, 0xFF)]
+    msgs = kvlease.encode_compact_heartbeats(entries, max_len=4 + 16 * 10, packed=True)
+    assert len(msgs) == 11 and all(len(m) <= 164 for m in msgs)
+    assert msgs[-1][-16:] == b"G@@@@|O@" + b"@" * 8, "slot 7, nonce 0xff (wire-formats.md)"
+    assert all(m.startswith(b"HBP:") and m.isascii() for m in msgs)
+    kinds = {kvlease.decode_notification(m)[0] for m in msgs}
+    assert kinds == {"packed"}
+    assert [e for m in msgs for e in kvlease.decode_notification(m)[1]] == entries
+    # 64 KiB holds 4,095 packed records; a message under one record is refused.
+    assert len(kvlease.encode_compact_heartbeats(entries * 41, packed=True)) == 2  # 4,182
+    with pytest.raises(WireError) as e:
+        kvlease.encode_compact_heartbeats([(1, 7)], max_len=19, packed=True)
+    assert e.value.reason == "MessageTooSmall"
+
+
 def test_compact_heartbeats_refuse_what_no_lease_has_before_encoding():
     with pytest.raises(WireError) as e:
         kvlease.encode_compact_heartbeats([(1, 7), (2, 0)])
@@ -80,3 +96,16 @@ def test_the_advert_says_whether_the_rank_takes_compact_heartbeats():
     assert kvlease.advert_accepts_compact_heartbeats(compact) is True
     with pytest.raises(WireError):
         kvlease.advert_accepts_compact_heartbeats(compact[:31])
+
+
+def test_the_advert_says_whether_the_rank_takes_packed_heartbeats():
+    both = kvlease.lease_advert(
+        0x1000, 4096, 512, compact_heartbeats=True, packed_heartbeats=True)
+    hbc = kvlease.lease_advert(0x1000, 4096, 512, compact_heartbeats=True)
+    assert kvlease.advert_accepts_packed_heartbeats(both) is True
+    assert kvlease.advert_accepts_packed_heartbeats(hbc) is False
+    assert kvlease.advert_accepts_compact_heartbeats(both) is True
+    # A capability bit this build does not know is ignored, not refused.
+    later = both[:5] + bytes([both[5] | 0x80]) + both[6:]
+    assert kvlease.decode_lease_advert(later) == kvlease.decode_lease_advert(both)
+    assert kvlease.advert_accepts_packed_heartbeats(later) is True

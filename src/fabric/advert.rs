@@ -22,7 +22,8 @@
 //!        ┌────────┬────┬──────┬──────────┬──────────────────┬──────────────────┬───────────┬──────────┐
 //!        │ "KVLA" │ v=1│flags │ reserved │ slot region addr │ slot region len  │ slot count│ reserved │
 //!        └────────┴────┴──────┴──────────┴──────────────────┴──────────────────┴───────────┴──────────┘
-//!  flags: bit 0 = exports lease slots, bit 1 = accepts compact heartbeats; other bits 0.
+//!  flags: bit 0 = exports lease slots, bit 1 = accepts compact heartbeats (`HBC:`),
+//!         bit 2 = accepts packed heartbeats (`HBP:`); bits 3-7 = later optional capabilities.
 //! ```
 //!
 //! The slot region address is the fabric's own handle for it: the region's
@@ -34,10 +35,20 @@
 //!
 //! Exactly 32 bytes, the magic, version 1 (a later version is
 //! [`AdvertError::UnsupportedVersion`]: treat that peer as one without
-//! verification, as vLLM does), reserved bytes and flag bits 0, and a
-//! consistent slot region: with slots, at least one slot and a region of
-//! at least 8 bytes per slot; without, all slot fields 0. Every error is
-//! typed; nothing panics.
+//! verification, as vLLM does), reserved bytes 0, and a consistent slot
+//! region: with slots, at least one slot and a region of at least 8 bytes
+//! per slot; without, all slot fields 0. Every error is typed; nothing
+//! panics.
+//!
+//! # Flag bits a decoder does not know
+//!
+//! Flag bits 3 to 7 are ignored: each names an optional capability (a form
+//! a peer *accepts*), and a peer that does not know one simply does not use
+//! it. So a newer peer can announce a new form without an older one reading
+//! its advert as invalid. A change an older peer must not miss needs a new
+//! version instead. (Builds before bit 2 existed, none of them released,
+//! refused every unknown bit: they read a P that sets bit 2 as an advert
+//! they cannot decode, and so as a P without verification.)
 //!
 //! No clock reading travels in the advert: engines encode their handshake
 //! message once and serve it many times, so a timestamp in it would be
@@ -55,7 +66,7 @@ pub const ADVERT_LEN: usize = 32;
 
 const FLAG_SLOTS: u8 = 1 << 0;
 const FLAG_COMPACT: u8 = 1 << 1;
-const KNOWN_FLAGS: u8 = FLAG_SLOTS | FLAG_COMPACT;
+const FLAG_PACKED: u8 = 1 << 2;
 /// Bytes per lease slot (one `u64` nonce word).
 const SLOT_BYTES: u64 = 8;
 
@@ -64,8 +75,12 @@ const SLOT_BYTES: u64 = 8;
 pub struct LeaseAdvert {
     /// The exported slot region, if any.
     pub slots: Option<SlotRegion>,
-    /// The worker accepts compact (slot, nonce) heartbeats.
+    /// The worker accepts compact (slot, nonce) heartbeats (`HBC:`).
     pub compact_heartbeats: bool,
+    /// The worker accepts packed (slot, nonce) heartbeats (`HBP:`, the
+    /// same records in 16 bytes instead of 24 hex digits: cheaper to
+    /// decode; `wire`, form 5). A sender prefers them when both are set.
+    pub packed_heartbeats: bool,
 }
 
 /// Where a worker's lease slots live, in its fabric's terms.
@@ -93,7 +108,7 @@ pub enum AdvertError {
     /// A version this build does not read.
     #[error("lease advert version {0} (this build reads {current})", current = ADVERT_VERSION)]
     UnsupportedVersion(u8),
-    /// A reserved byte or flag bit is set.
+    /// A reserved byte is not 0.
     #[error("lease advert has reserved bits set")]
     NonCanonical,
     /// The slot fields contradict each other (slots without a region large
@@ -112,6 +127,9 @@ impl LeaseAdvert {
         if self.compact_heartbeats {
             flags |= FLAG_COMPACT;
         }
+        if self.packed_heartbeats {
+            flags |= FLAG_PACKED;
+        }
         if let Some(s) = self.slots {
             flags |= FLAG_SLOTS;
             b[8..16].copy_from_slice(&s.addr.to_le_bytes());
@@ -123,6 +141,17 @@ impl LeaseAdvert {
     }
 
     /// Decodes an advert, checking every rule in the module docs.
+    ///
+    /// ```
+    /// use kvlease::fabric::LeaseAdvert;
+    ///
+    /// let p = LeaseAdvert { slots: None, compact_heartbeats: true, packed_heartbeats: true };
+    /// let mut bytes = p.encode();
+    /// assert_eq!(LeaseAdvert::decode(&bytes), Ok(p));
+    /// // A capability bit this build does not know is ignored.
+    /// bytes[5] |= 1 << 7;
+    /// assert_eq!(LeaseAdvert::decode(&bytes), Ok(p));
+    /// ```
     pub fn decode(bytes: &[u8]) -> Result<LeaseAdvert, AdvertError> {
         let b: &[u8; ADVERT_LEN] = bytes.try_into().map_err(|_| AdvertError::BadLength)?;
         if b[0..4] != ADVERT_MAGIC {
@@ -132,7 +161,8 @@ impl LeaseAdvert {
             return Err(AdvertError::UnsupportedVersion(b[4]));
         }
         let flags = b[5];
-        if flags & !KNOWN_FLAGS != 0 || b[6..8] != [0, 0] || b[28..32] != [0; 4] {
+        // Unknown flag bits are ignored (module docs); reserved bytes are not.
+        if b[6..8] != [0, 0] || b[28..32] != [0; 4] {
             return Err(AdvertError::NonCanonical);
         }
         let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
@@ -152,6 +182,7 @@ impl LeaseAdvert {
         Ok(LeaseAdvert {
             slots,
             compact_heartbeats: flags & FLAG_COMPACT != 0,
+            packed_heartbeats: flags & FLAG_PACKED != 0,
         })
     }
 }
@@ -206,6 +237,7 @@ mod tests {
                 count,
             }),
             compact_heartbeats: compact,
+            packed_heartbeats: compact,
         }
     }
 
@@ -218,10 +250,17 @@ mod tests {
             LeaseAdvert {
                 slots: None,
                 compact_heartbeats: false,
+                packed_heartbeats: false,
             },
             LeaseAdvert {
                 slots: None,
                 compact_heartbeats: true,
+                packed_heartbeats: false,
+            },
+            LeaseAdvert {
+                slots: None,
+                compact_heartbeats: false,
+                packed_heartbeats: true,
             },
         ] {
             let b = a.encode();
@@ -234,7 +273,7 @@ mod tests {
         let b = with_slots(0x1122_3344_5566_7788, 3, true).encode();
         assert_eq!(&b[0..4], b"KVLA");
         assert_eq!(b[4], 1);
-        assert_eq!(b[5], 0b11);
+        assert_eq!(b[5], 0b111);
         assert_eq!(&b[8..16], &0x1122_3344_5566_7788u64.to_le_bytes());
         assert_eq!(&b[16..24], &24u64.to_le_bytes());
         assert_eq!(&b[24..28], &3u32.to_le_bytes());
@@ -260,7 +299,7 @@ mod tests {
             LeaseAdvert::decode(&b),
             Err(AdvertError::UnsupportedVersion(2))
         );
-        for (i, v) in [(5, 0b111), (6, 1), (7, 1), (28, 1), (31, 1)] {
+        for (i, v) in [(6, 1), (7, 1), (28, 1), (31, 1)] {
             let mut b = good;
             b[i] = v;
             assert_eq!(
@@ -289,5 +328,20 @@ mod tests {
         b[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
         let a = LeaseAdvert::decode(&b).expect("u32::MAX slots fit in a u64 length");
         assert_eq!(a.slots.map(|s| s.count), Some(u32::MAX));
+    }
+
+    #[test]
+    fn unknown_flag_bits_are_ignored_known_ones_kept() {
+        let a = with_slots(4096, 16, true);
+        for bit in 3..8 {
+            let mut b = a.encode();
+            b[5] |= 1 << bit;
+            assert_eq!(LeaseAdvert::decode(&b), Ok(a), "bit {bit}");
+        }
+        // Each known bit decodes on its own.
+        let mut b = a.encode();
+        b[5] = 0b101;
+        let d = LeaseAdvert::decode(&b).expect("slots + packed");
+        assert!(d.packed_heartbeats && !d.compact_heartbeats);
     }
 }

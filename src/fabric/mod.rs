@@ -321,6 +321,7 @@ pub trait Fabric {
         LeaseAdvert {
             slots: None,
             compact_heartbeats: false,
+            packed_heartbeats: false,
         }
     }
 

@@ -36,8 +36,8 @@ impl<R> Default for InboxSummary<R> {
 impl PrefillRank {
     /// Decodes one notification this rank received from agent `sender` (the
     /// sender's name, as the fabric delivers it) and applies it: a heartbeat
-    /// renews every id it names that the rank holds, a compact heartbeat
-    /// every (slot, nonce) that matches, a read-done counts toward this
+    /// renews every id it names that the rank holds, a compact or packed
+    /// heartbeat every (slot, nonce) that matches, a read-done counts toward this
     /// rank's release, once per sender and lease. A message that does not decode changes nothing,
     /// is counted in `malformed_notifications`, and its error is returned for
     /// the engine to log.
@@ -72,10 +72,10 @@ impl PrefillRank {
                 summary.ignored = ignored;
             }
             Notification::CompactHeartbeat(entries) => {
-                let (renewed, ignored) =
-                    self.renew_slots_all(entries.map(|e| (e.slot, e.nonce)), now);
-                summary.renewed = renewed;
-                summary.ignored = ignored;
+                (summary.renewed, summary.ignored) = self.renew_records(entries, now);
+            }
+            Notification::PackedHeartbeat(entries) => {
+                (summary.renewed, summary.ignored) = self.renew_packed(entries, now);
             }
             Notification::ReadDone(rd) => {
                 summary.read_done = Some(self.read_done(
@@ -87,5 +87,37 @@ impl PrefillRank {
             }
         }
         Ok(summary)
+    }
+
+    /// A compact (`HBC:`) heartbeat's records through the one-pass
+    /// renewal.
+    fn renew_records(
+        &mut self,
+        entries: impl Iterator<Item = wire::CompactEntry>,
+        now: Instant,
+    ) -> (u32, u32) {
+        self.renew_slots_all(entries.map(|e| (e.slot, e.nonce)), now)
+    }
+
+    /// [`PrefillRank::renew_slots_all`] for a packed heartbeat, the form a
+    /// kvlease D sends: records decoded a block at a time (a tight loop),
+    /// the lines of block `k + 1` prefetched while block `k` is renewed.
+    fn renew_packed(&mut self, mut records: wire::PackedEntries<'_>, now: Instant) -> (u32, u32) {
+        let mut blocks = [wire::PackedBlock::default(), wire::PackedBlock::default()];
+        let mut tally = super::rank::SlotTally::default();
+        let wanted = self.renewal_target(now);
+        let mut cur = 0;
+        records.next_block(&mut blocks[cur]);
+        self.prefetch_slots(blocks[cur].records());
+        while !blocks[cur].is_empty() {
+            let next = cur ^ 1;
+            records.next_block(&mut blocks[next]);
+            self.prefetch_slots(blocks[next].records());
+            for (slot, nonce) in blocks[cur].records() {
+                self.renew_slot_to(slot, nonce, wanted, &mut tally);
+            }
+            cur = next;
+        }
+        self.add_tally(&tally)
     }
 }

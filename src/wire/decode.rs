@@ -19,6 +19,9 @@ pub fn decode(msg: &[u8]) -> Result<Notification<'_>, WireError> {
     if let Some(body) = msg.strip_prefix(COMPACT_HEARTBEAT_PREFIX) {
         return decode_compact(body).map(Notification::CompactHeartbeat);
     }
+    if let Some(body) = msg.strip_prefix(PACKED_HEARTBEAT_PREFIX) {
+        return super::packed::decode_packed(body).map(Notification::PackedHeartbeat);
+    }
     if let Some(body) = msg.strip_prefix(HEARTBEAT_PREFIX) {
         return decode_heartbeat(body).map(Notification::Heartbeat);
     }

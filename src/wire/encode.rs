@@ -95,10 +95,68 @@ pub fn encode_compact_heartbeats<I: IntoIterator<Item = CompactEntry>>(
     entries: I,
     max_len: usize,
     scratch: &mut [u8],
+    emit: impl FnMut(&[u8]),
+) -> Result<EncodeStats, WireError> {
+    encode_records(
+        COMPACT_HEARTBEAT_PREFIX,
+        encode_record,
+        entries,
+        max_len,
+        scratch,
+        emit,
+    )
+}
+
+/// Encodes (slot, nonce) records as packed heartbeats (`HBP:` and 16 bytes
+/// a record, form 5 of the module docs), split so that no message exceeds
+/// `max_len` bytes: each message carries up to `(max_len - 4) / 16` records.
+/// Send them only to a peer whose advert accepts them
+/// ([`crate::fabric::LeaseAdvert::packed_heartbeats`]).
+///
+/// Errors as [`encode_compact_heartbeats`]'s; `max_len` must hold at least
+/// 20 bytes (prefix plus one record).
+///
+/// ```
+/// use kvlease::wire::{self, CompactEntry, Notification};
+/// use kvlease::Nonce;
+///
+/// let e = CompactEntry { slot: 7, nonce: Nonce::new(0xff).unwrap() };
+/// let mut scratch = [0u8; 64];
+/// let mut sent = Vec::new();
+/// wire::encode_packed_heartbeats([e], 64, &mut scratch, |m| sent.push(m.to_vec()))?;
+/// assert_eq!(sent, [b"HBP:G@@@@|O@@@@@@@@@".to_vec()]);
+/// match wire::decode(&sent[0])? {
+///     Notification::PackedHeartbeat(records) => assert_eq!(records.collect::<Vec<_>>(), [e]),
+///     other => panic!("{other:?}"),
+/// }
+/// # Ok::<(), kvlease::wire::WireError>(())
+/// ```
+pub fn encode_packed_heartbeats<I: IntoIterator<Item = CompactEntry>>(
+    entries: I,
+    max_len: usize,
+    scratch: &mut [u8],
+    emit: impl FnMut(&[u8]),
+) -> Result<EncodeStats, WireError> {
+    encode_records(
+        PACKED_HEARTBEAT_PREFIX,
+        super::packed::encode_record,
+        entries,
+        max_len,
+        scratch,
+        emit,
+    )
+}
+
+/// The batching of both record forms: `prefix`, then fixed-length records.
+fn encode_records<const N: usize, I: IntoIterator<Item = CompactEntry>>(
+    prefix: &[u8],
+    record: fn(CompactEntry) -> [u8; N],
+    entries: I,
+    max_len: usize,
+    scratch: &mut [u8],
     mut emit: impl FnMut(&[u8]),
 ) -> Result<EncodeStats, WireError> {
-    let prefix = COMPACT_HEARTBEAT_PREFIX.len();
-    if max_len < prefix + COMPACT_RECORD_LEN {
+    if max_len < prefix.len() + N {
         return Err(WireError::MessageTooSmall);
     }
     let buf = scratch
@@ -106,11 +164,11 @@ pub fn encode_compact_heartbeats<I: IntoIterator<Item = CompactEntry>>(
         .ok_or(WireError::BufferTooSmall)?;
     let mut batch = Batch::new(buf);
     for e in entries {
-        batch.make_room(COMPACT_RECORD_LEN, &mut emit);
+        batch.make_room(N, &mut emit);
         // Always fits (max_len holds prefix + one record); `add` would count
         // a failure as a skip.
         let w = &mut batch.w;
-        let ok = (batch.in_msg > 0 || w.put(COMPACT_HEARTBEAT_PREFIX)) && w.put(&encode_record(e));
+        let ok = (batch.in_msg > 0 || w.put(prefix)) && w.put(&record(e));
         batch.add(ok);
     }
     Ok(batch.finish(&mut emit))
@@ -206,7 +264,7 @@ fn read_done_len_of(id_len: usize, digits: usize, with_nonce: bool) -> usize {
 /// `nonce` is given) into `out` and returns the bytes written.
 ///
 /// Errors: [`WireError::EmptyId`], [`WireError::ZeroConsumers`],
-/// [`WireError::AmbiguousId`] (the message would start with `HB:`/`HBC:`),
+/// [`WireError::AmbiguousId`] (the message would start with `HB:`/`HBC:`/`HBP:`),
 /// [`WireError::BufferTooSmall`] (`out` shorter than
 /// [`read_done_len`]). Ids may contain `:` and `,`.
 pub fn encode_read_done(
@@ -225,7 +283,10 @@ pub fn encode_read_done(
     // The message starts with `id:`; it is misrouted exactly when that starts
     // with one of the heartbeat prefixes.
     let misrouted = |p: &[u8]| id.starts_with(p) || (id.len() + 1 == p.len() && p.starts_with(id));
-    if misrouted(HEARTBEAT_PREFIX) || misrouted(COMPACT_HEARTBEAT_PREFIX) {
+    if misrouted(HEARTBEAT_PREFIX)
+        || misrouted(COMPACT_HEARTBEAT_PREFIX)
+        || misrouted(PACKED_HEARTBEAT_PREFIX)
+    {
         return Err(WireError::AmbiguousId);
     }
     let mut decimal = itoa::Buffer::new();

@@ -518,3 +518,73 @@ fn drain_freed_returns_slots_without_collecting_tickets() {
         "slots back in the pool"
     );
 }
+
+/// A compact heartbeat of many records (longer than the renewal pipeline's
+/// look-ahead) gives every record the outcome it gets alone: renewed,
+/// capped at the hold ceiling, a stale nonce, a slot out of range or one
+/// holding no lease, a record repeated; the same deadlines and counters as
+/// `renew_slot` record by record on a twin book.
+#[test]
+fn a_batch_of_compact_renewals_is_each_record_renewed_alone() {
+    let mut c = config(64, 64);
+    c.max_hold_secs = Some(45);
+    let twin = || {
+        let mut book = LeaseBook::with_parts(
+            &c,
+            vec![Arc::new(LeaseSlots::new(64))],
+            Arc::new(SlotPool::new(64)),
+            NonceSource::from_seed(1, 2, 3),
+            T0,
+        )
+        .unwrap();
+        let mut fields = Vec::new();
+        for i in 0..48u32 {
+            // Half granted at 0 s (ceiling 45 s), half at 20 s (65 s).
+            let at = if i % 2 == 0 { T0 } else { secs(20) };
+            let g = book.grant(&format!("req-{i}"), at).unwrap();
+            fields.push(g.lease_fields().unwrap());
+        }
+        (book, fields)
+    };
+    let (mut batch, fields) = twin();
+    let (mut alone, same) = twin();
+    assert_eq!(fields, same, "the twins drew the same slots and nonces");
+    let mut records = Vec::new();
+    for (i, f) in fields.iter().enumerate() {
+        let nonce = match i % 5 {
+            3 => kvlease::Nonce::new(f.nonce.get() ^ 0x10).unwrap(), // stale
+            _ => f.nonce,
+        };
+        records.push((f.slot, nonce));
+        if i % 7 == 0 {
+            records.push((f.slot, f.nonce)); // repeated
+        }
+        if i % 11 == 0 {
+            records.push((64 + i as u32, f.nonce)); // out of range
+            records.push((u32::MAX, f.nonce));
+        }
+    }
+    // Slots no lease holds (48..64 were never granted).
+    records.extend((48..64).map(|s| (s, fields[0].nonce)));
+    assert!(records.len() > 64);
+    let now = secs(30); // wants 50 s: capped at 45 s for the leases granted at 0 s
+    let (renewed, ignored) = batch.renew_slots_all(records.iter().copied(), now);
+    let (mut want_renewed, mut want_ignored) = (0, 0);
+    for &(slot, nonce) in &records {
+        match alone.renew_slot(slot, nonce, now) {
+            Renewal::Unknown => want_ignored += 1,
+            Renewal::Renewed | Renewal::Capped => want_renewed += 1,
+        }
+    }
+    assert_eq!((renewed, ignored), (want_renewed, want_ignored));
+    assert_eq!(batch.counters(), alone.counters());
+    let (b, a) = (batch.counters(), alone.counters());
+    assert!(
+        b.renewed > 0 && b.renew_capped > 0 && b.renew_nonce_mismatch > 0 && b.renew_unknown > 0
+    );
+    assert_eq!((a.renewed, a.renew_capped), (b.renewed, b.renew_capped));
+    for i in 0..48 {
+        let id = format!("req-{i}");
+        assert_eq!(batch.expiry(&id), alone.expiry(&id), "{id}");
+    }
+}

@@ -261,21 +261,28 @@ def encode_read_done(
 ) -> bytes: ...
 def encode_heartbeats(ids: Sequence[str], max_len: int = 65536) -> list[bytes]: ...
 def encode_compact_heartbeats(
-    entries: Iterable[tuple[int, int]], max_len: int = 65536
+    entries: Iterable[tuple[int, int]], max_len: int = 65536, packed: bool = False
 ) -> list[bytes]:
-    """``HBC:`` messages renewing every ``(slot, nonce)``, none over
-    ``max_len`` bytes; only for peers whose advert accepts them. Raises
-    ``WireError`` for a nonce of 0 or a ``max_len`` under 28."""
+    """``HBC:`` messages (``HBP:`` with ``packed``) renewing every ``(slot,
+    nonce)``, none over ``max_len`` bytes; only for peers whose advert
+    accepts that form. Raises ``WireError`` for a nonce of 0 or a
+    ``max_len`` under one record and the prefix (28 bytes, packed 20)."""
 def decode_notification(
     msg: Buffer,
 ) -> (
     tuple[Literal["heartbeat"], list[str]]
-    | tuple[Literal["compact"], list[tuple[int, int]]]
+    | tuple[Literal["compact", "packed"], list[tuple[int, int]]]
     | tuple[Literal["read_done"], str, int, Optional[int]]
 ): ...
 def lease_advert(
-    address: int, nbytes: int, count: int, compact_heartbeats: bool = False
+    address: int,
+    nbytes: int,
+    count: int,
+    compact_heartbeats: bool = False,
+    packed_heartbeats: bool = False,
 ) -> bytes: ...
 def decode_lease_advert(advert: Buffer) -> Optional[tuple[int, int, int]]: ...
 def advert_accepts_compact_heartbeats(advert: Buffer) -> bool:
     """Whether the advert's worker renews on ``HBC:``. Raises ``WireError``."""
+def advert_accepts_packed_heartbeats(advert: Buffer) -> bool:
+    """Whether the advert's worker renews on ``HBP:``. Raises ``WireError``."""

@@ -1,9 +1,10 @@
 """Compact heartbeats between kvlease peers (issue 30, item 3): D's
 scheduler keeps the lease fields of the requests vLLM heartbeats and ships
-them as ``HBC:`` messages with each heartbeat round; D's worker sends those
-to a P agent whose advert accepts them, and vLLM's ``HB:`` message, byte for
-byte, to every other agent; requests without lease fields stay in ``HB:``;
-and P renews on both.
+them as packed ``HBP:`` messages with each heartbeat round; D's worker sends
+those to a P agent whose advert accepts them, and vLLM's ``HB:`` message,
+byte for byte, to every other agent (a kvlease P from before ``HBP:``
+included); requests without lease fields stay in ``HB:``; and P renews on
+all three forms.
 
 The scheduler is built as vLLM's heartbeat tests build theirs
 (``make_nixl_scheduler``), the worker with ``object.__new__``, and the stock
@@ -77,7 +78,7 @@ def compact_entries(msgs) -> list[tuple[int, int]]:
     out = []
     for m in msgs:
         kind, entries = kvlease.decode_notification(m)
-        assert kind == "compact"
+        assert kind == "packed"
         out += entries
     return out
 
@@ -128,7 +129,7 @@ def test_a_large_round_is_split_to_the_librarys_limit():
     for i in range(6000):
         book.track(ENGINE, f"p-{i}", (i, i + 1))
     rnd = book.round({ENGINE: info})[ENGINE]
-    assert len(rnd.messages) == 3 and all(len(m) <= MAX_MESSAGE_LEN for m in rnd.messages)
+    assert len(rnd.messages) == 2 and all(len(m) <= MAX_MESSAGE_LEN for m in rnd.messages)
     assert len(compact_entries(rnd.messages)) == 6000 and rnd.text == b""
 
 
@@ -168,7 +169,7 @@ def d_worker(cls: type, checks: LoadChecks | None) -> tuple[object, SendLog]:
     return w, w.nixl_wrapper
 
 
-def test_the_worker_sends_compact_only_to_agents_whose_advert_accepts_it():
+def test_the_worker_sends_packed_only_to_agents_whose_advert_accepts_it():
     s = d_scheduler()
     s.on_new_request(d_request(1, (3, 0x5EED)))
     s.on_new_request(d_request(2, (4, 9)))
@@ -179,16 +180,20 @@ def test_the_worker_sends_compact_only_to_agents_whose_advert_accepts_it():
     checks = LoadChecks(CONFIG, 8, 4, "d-test")
     rank = RankLeases(CONFIG, 0, time.monotonic())  # a kvlease P rank's own advert
     checks.record_adverts(
-        {(0, 0): "p-kvlease", (0, 1): "p-older-kvlease", (0, 2): "p-stock"},
+        {(0, 0): "p-kvlease", (0, 1): "p-older-kvlease", (0, 2): "p-hbc-kvlease",
+         (0, 3): "p-stock"},
         {
             (0, 0): handshake_advert(rank.advert()),
             # A kvlease P from before compact heartbeats: slots, no flag.
             (0, 1): handshake_advert(kvlease.lease_advert(0x1000, 4096, 512)),
-            (0, 2): handshake_advert(None),
+            # One from before packed heartbeats: HBC: only.
+            (0, 2): handshake_advert(
+                kvlease.lease_advert(0x1000, 4096, 512, compact_heartbeats=True)),
+            (0, 3): handshake_advert(None),
         },
     )
-    assert [checks.accepts_compact(a) for a in ("p-kvlease", "p-older-kvlease", "p-stock")] == [
-        True, False, False]
+    agents = ("p-kvlease", "p-older-kvlease", "p-hbc-kvlease", "p-stock")
+    assert [checks.accepts_packed(a) for a in agents] == [True, False, False, False]
 
     ours, got = d_worker(KvLeaseWorker, checks)
     ours._send_heartbeats(meta)
@@ -200,7 +205,7 @@ def test_the_worker_sends_compact_only_to_agents_whose_advert_accepts_it():
     assert sorted(compact_entries(compact)) == [(3, 0x5EED), (4, 9)]
     assert text == b"HB:prefill-3"
     # Every agent that does not accept them: vLLM's bytes, exactly.
-    for agent in ("p-older-kvlease", "p-stock"):
+    for agent in ("p-older-kvlease", "p-hbc-kvlease", "p-stock"):
         assert got.sent[agent] == stock.sent[agent], agent
     assert stock.sent["p-stock"] == [b"HB:prefill-4"]
     assert ours._engine_last_active.keys() == vllms._engine_last_active.keys() == {
@@ -271,7 +276,7 @@ def test_p_renews_on_what_d_sends_and_ignores_a_wrong_nonce(monkeypatch):
     d_w, sent = d_worker(KvLeaseWorker, checks)
     d_w._send_heartbeats(heartbeat_round(d))
     msgs = sent.sent["p-kvlease"]
-    assert msgs[0].startswith(b"HBC:") and msgs[-1] == b"HB:stock"
+    assert msgs[0].startswith(b"HBP:") and msgs[-1] == b"HB:stock"
 
     before = {rid: p._kvl_rank.rank.expiry(rid) for rid in ("a", "b")}
     t = time.monotonic() + 5
@@ -285,7 +290,11 @@ def test_p_renews_on_what_d_sends_and_ignores_a_wrong_nonce(monkeypatch):
     assert p._reqs_to_send["stock"] >= time.perf_counter() + 3.5, "HB: still renews vLLM's"
 
 
-@pytest.mark.parametrize("bad", [b"HBC:", b"HBC:0000000", b"HBC:" + b"z" * 24])
+@pytest.mark.parametrize(
+    "bad",
+    [b"HBC:", b"HBC:0000000", b"HBC:" + b"z" * 24,
+     b"HBP:", b"HBP:" + b"@" * 15, b"HBP:" + b"@" * 15 + b"\xff", b"HBP:" + b"@" * 16],
+)
 def test_a_malformed_compact_heartbeat_is_counted_and_renews_nothing(bad):
     p = p_worker()
     p.nixl_wrapper.pending = {"d-agent": [bad]}

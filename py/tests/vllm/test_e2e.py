@@ -104,18 +104,19 @@ def test_happy_path_verified_after_waiting(nodes, transport):
     assert drep["stats_reduced"]["KV loads verified"] == 1
     assert prep["stats_reduced"]["KV leases granted"] == 1
     assert prep["stats_reduced"]["KV leases read"] == 1
-    # Between two kvlease peers the heartbeats are compact: every one names
-    # this lease's (slot, nonce), none is text, so the renewals that held the
-    # lease past its first term came from HBC: (issue 30, item 3).
+    # Between two kvlease peers the heartbeats are packed records: every one
+    # names this lease's (slot, nonce), none is text, so the renewals that
+    # held the lease past its first term came from HBP: over this transport
+    # (issue 30, item 3).
     notifs = P.call("notifs", engine=pe)
-    compact = [m for m in notifs if m.startswith(b"HBC:")]
-    assert compact and not any(m.startswith(b"HB:") for m in notifs), notifs
+    packed = [m for m in notifs if m.startswith(b"HBP:")]
+    assert packed and not any(m.startswith((b"HB:", b"HBC:")) for m in notifs), notifs
     lease = (params["remote_lease_slot"], params["remote_lease_nonce"])
-    assert all(kvlease.decode_notification(m) == ("compact", [lease]) for m in compact)
+    assert all(kvlease.decode_notification(m) == ("packed", [lease]) for m in packed)
     assert rank["renew_nonce_mismatch"] == 0 and rank["malformed_notifications"] == 0
     figure(
         f"[{transport}] happy path: held {held:.1f} s by {rank['renewed']} renewals "
-        f"({freed['heartbeats']} heartbeats drained, all HBC:), verified; P freed "
+        f"({freed['heartbeats']} heartbeats drained, all HBP:), verified; P freed "
         f"{(freed['freed_at'] - got['loaded_at']) * 1e3:.0f} ms after D reported the load"
     )
     teardown(P, pe)
@@ -321,7 +322,7 @@ def test_mixed_fleet(nodes, transport, p_conn, d_conn, require):
     notifs = P.call("notifs", engine=pe)
     read_dones = [m for m in notifs if not m.startswith(b"HB")]
     assert read_dones == [f"{a['request_id']}:1".encode()], notifs
-    assert not any(m.startswith(b"HBC:") or b":nonce=" in m for m in notifs)
+    assert not any(m.startswith((b"HBC:", b"HBP:")) or b":nonce=" in m for m in notifs)
     prep, drep = assert_no_leaks(P, pe), assert_no_leaks(D, de)
     if p_conn == "kvlease":
         r = prep["counters"]["rank0"]

@@ -155,6 +155,7 @@ messages = st.one_of(
     st.binary(max_size=200),
     st.builds(lambda b: b"HB:" + b, st.binary(max_size=100)),
     st.builds(lambda b: b"HBC:" + b, st.binary(max_size=100)),
+    st.builds(lambda b: b"HBP:" + b, st.binary(max_size=100)),
     st.builds(lambda i: ("HB:" + ",".join(i)).encode("utf-8", "surrogatepass"), st.lists(ids, max_size=5)),
     st.builds(
         lambda i, n, nonce: (f"{i}:{n}" + (f":nonce={nonce:016x}" if nonce is not None else "")).encode(

@@ -15,6 +15,7 @@ fn add(f: &mut HostFabric, name: &str, slots: &LeaseSlots) -> AgentId {
             count: slots.len(),
         }),
         compact_heartbeats: false,
+        packed_heartbeats: false,
     };
     f.add_peer(
         &PeerRecord {

@@ -154,6 +154,9 @@ impl Fabric for LoopbackFabric {
                 count,
             }),
             compact_heartbeats: compact,
+            // A rank decodes both record forms (`PrefillRank::on_notification`),
+            // so whoever accepts one accepts the other.
+            packed_heartbeats: compact,
         }
     }
 

@@ -109,6 +109,8 @@ impl Fabric for NixlFabric {
         LeaseAdvert {
             slots,
             compact_heartbeats: self.slot_advert.is_some_and(|(_, _, c)| c),
+            // A rank decodes both record forms, as on loopback.
+            packed_heartbeats: self.slot_advert.is_some_and(|(_, _, c)| c),
         }
     }
 
@@ -151,6 +153,7 @@ impl Fabric for NixlFabric {
         let advert = record.advert.unwrap_or(LeaseAdvert {
             slots: None,
             compact_heartbeats: false,
+            packed_heartbeats: false,
         });
         // The remote's regions, as the record lists them (its KV), then its
         // slot array, if it advertises one.

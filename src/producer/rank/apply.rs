@@ -13,9 +13,10 @@ impl PrefillRank {
         {
             return DirectiveOutcome::Refused;
         }
-        if let Some(line) = self.lines.get(d.entry) {
-            if line.is_held() {
-                if line.nonce == d.nonce.get() {
+        if let Some(head) = self.lines.head(d.entry) {
+            // A head's nonce is 0 exactly when the entry is free.
+            if head.nonce != 0 {
+                if head.nonce == d.nonce.get() {
                     return DirectiveOutcome::Duplicate;
                 }
                 // The scheduler reuses an entry only after this rank reported
@@ -80,10 +81,10 @@ impl PrefillRank {
         let Some(remaining) = d.lease_remaining else {
             return DirectiveOutcome::Refused;
         };
-        let Some(line) = self.lines.get_mut(d.entry) else {
+        let Some((line, head)) = self.lines.line_and_head_mut(d.entry) else {
             return DirectiveOutcome::Refused;
         };
-        if line.nonce != d.nonce.get() || !line.is_held() {
+        if head.nonce != d.nonce.get() || !line.is_held() {
             return DirectiveOutcome::Stale;
         }
         if line.state() == HELD {
@@ -91,8 +92,8 @@ impl PrefillRank {
         }
         // A renewal while pinned (a heartbeat that overtook this Start) may
         // already have raised the floor; the wheel held kv_lease_max_pin.
-        let deadline = line.deadline.max((now + remaining).as_nanos());
-        line.deadline = deadline;
+        let deadline = head.deadline.max((now + remaining).as_nanos());
+        head.deadline = deadline;
         line.set_state(HELD);
         if let Some(r) = d.hold_remaining {
             self.holds_in_use = true;
@@ -106,9 +107,11 @@ impl PrefillRank {
     }
 
     pub(super) fn apply_cancel(&mut self, d: &Directive<'_>) -> DirectiveOutcome {
-        match self.lines.get(d.entry) {
+        match self.lines.head(d.entry) {
             None => DirectiveOutcome::Refused,
-            Some(line) if line.nonce != d.nonce.get() || !line.is_held() => DirectiveOutcome::Stale,
+            // A head's nonce is 0 exactly when the entry is free, and a
+            // directive's never is.
+            Some(head) if head.nonce != d.nonce.get() => DirectiveOutcome::Stale,
             Some(_) => {
                 self.wheel.cancel(d.entry);
                 self.release(d.entry, ReleaseReason::Cancelled);

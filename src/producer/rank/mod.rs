@@ -250,7 +250,7 @@ impl PrefillRank {
         let e = self.find(request_id.as_bytes())?;
         let line = self.lines.get(e)?;
         Some(match line.state() {
-            HELD => Instant::from_nanos(line.deadline),
+            HELD => Instant::from_nanos(self.lines.head(e)?.deadline),
             _ => Instant::MAX,
         })
     }
@@ -365,5 +365,7 @@ mod apply;
 mod release;
 mod renew;
 mod senders;
+
+pub(crate) use renew::SlotTally;
 
 use senders::SenderTable;

@@ -24,7 +24,7 @@ impl PrefillRank {
             self.counters.read_done_unknown += 1;
             return ShareOutcome::Unknown;
         };
-        let held_nonce = self.lines.get(e).map_or(0, |l| l.nonce);
+        let held_nonce = self.lines.head(e).map_or(0, |h| h.nonce);
         match nonce {
             Some(n) if n.get() != held_nonce => {
                 self.counters.read_done_stale_nonce += 1;
@@ -86,8 +86,8 @@ impl PrefillRank {
                 self.release(e, ReleaseReason::Expired);
                 continue;
             }
-            if line.deadline > now.as_nanos() {
-                let deadline = line.deadline;
+            let deadline = self.lines.head(e).map_or(0, |h| h.deadline);
+            if deadline > now.as_nanos() {
                 self.schedule(e, deadline);
                 continue;
             }
@@ -119,11 +119,11 @@ impl PrefillRank {
     /// zeroed before the release can be reported, so before the blocks can
     /// be freed). The caller has taken `e` off the wheel.
     pub(super) fn release(&mut self, e: u32, reason: ReleaseReason) {
-        let Some(line) = self.lines.get(e) else {
+        let (Some(line), Some(head)) = (self.lines.get(e), self.lines.head(e)) else {
             return;
         };
         debug_assert!(line.is_held());
-        let nonce = line.nonce;
+        let nonce = head.nonce;
         if let Some(slot) = self.layout.slot_of(e) {
             #[cfg(not(feature = "mutant_zero_after_report"))]
             self.slots.clear(slot);

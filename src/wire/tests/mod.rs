@@ -6,6 +6,7 @@ use super::encode::*;
 use super::hex::*;
 use super::*;
 
+mod packed;
 mod roundtrip;
 mod swar;
 

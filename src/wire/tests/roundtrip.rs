@@ -101,7 +101,10 @@ fn property_read_done_roundtrip() {
             Err(WireError::ZeroConsumers) => assert_eq!(consumers, 0),
             Err(WireError::AmbiguousId) => {
                 let msg = format!("{id}:");
-                assert!(msg.starts_with("HB:") || msg.starts_with("HBC:"), "{id}");
+                assert!(
+                    ["HB:", "HBC:", "HBP:"].iter().any(|p| msg.starts_with(p)),
+                    "{id}"
+                );
             }
             Err(e) => panic!("{id:?}: {e}"),
         }
@@ -113,15 +116,16 @@ fn property_read_done_roundtrip() {
 fn decode_never_panics_on_random_bytes() {
     // A cheap, always-on cousin of the fuzz target.
     let mut rng = Rng::new(3);
-    let alphabet = b"HBC:,0123456789abcdefABCDEFnonce=\xff\xc3\xa9";
+    let alphabet = b"HBCP:,0123456789abcdefABCDEFnonce=@\x7f\xff\xc3\xa9";
     for _ in 0..100_000 {
         let len = rng.below(64) as usize;
         let mut m: Vec<u8> = (0..len)
             .map(|_| alphabet[rng.below(alphabet.len() as u64) as usize])
             .collect();
-        let prefix: &[u8] = match rng.below(3) {
+        let prefix: &[u8] = match rng.below(4) {
             0 => b"HB:",
             1 => b"HBC:",
+            2 => b"HBP:",
             _ => b"",
         };
         m.splice(0..0, prefix.iter().copied());
@@ -139,6 +143,7 @@ fn decode_never_panics_on_random_bytes() {
                     assert_eq!(ids.collect::<Vec<_>>(), want, "{m:?}");
                 }
                 Notification::CompactHeartbeat(e) => assert!(e.count() >= 1),
+                Notification::PackedHeartbeat(e) => assert!(e.count() >= 1),
                 Notification::ReadDone(r) => assert!(r.consumers >= 1),
             }
         }

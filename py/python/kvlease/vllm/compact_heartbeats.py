@@ -1,5 +1,6 @@
 """Compact heartbeats between kvlease peers: D renews a kvlease P's leases
-with ``HBC:`` (slot, nonce) records instead of vLLM's ``HB:`` request ids.
+with (slot, nonce) records, packed (``HBP:``, 16 bytes a record), instead of
+vLLM's ``HB:`` request ids.
 
 Owns: on D's scheduler, the lease fields of every heartbeated request
 (:class:`HeartbeatLeases`, kept beside vLLM's own heartbeat sets) and their
@@ -7,15 +8,18 @@ encoding, once per heartbeat round and P engine, into a
 :class:`CompactRound`; on D's workers, the choice of message per P agent
 while vLLM's ``_send_heartbeats`` runs (:class:`CompactSends`). May not change
 what a P without the advert receives: an agent whose lease advert does not
-accept compact heartbeats (stock vLLM, an older kvlease, an advert that could
-not be read) gets vLLM's ``HB:`` message byte for byte, and a request without
-lease fields is renewed by id, in vLLM's ``HB:`` form, on every agent.
+accept packed heartbeats (stock vLLM, an advert that could not be read, or a
+kvlease build from before ``HBP:``, which accepted only ``HBC:``) gets vLLM's
+``HB:`` message byte for byte, and a request without lease fields is renewed
+by id, in vLLM's ``HB:`` form, on every agent.
 
 Why: P parses a text heartbeat id by id (UTF-8, split, hash, lookup), about
-30 ns an id in the library and 2.9 ms a heartbeat step at 100k leases; a
-compact record names the lease's slot, so P renews it with one array access
-and a nonce compare, and a record whose nonce is not the slot's lease renews
-nothing (``docs/wire-formats.md``).
+30 ns an id in the library and 6 ms a heartbeat step at 100k leases; a
+record names the lease's slot, so P renews it with one array access and a
+nonce compare, and a record whose nonce is not the slot's lease renews
+nothing (``docs/wire-formats.md``). Packed, not hex (``HBC:``): P decodes
+a packed record without hex arithmetic, which took the step at 100k leases
+from about 1.6 ms to under 0.5 ms (``py/bench/bookkeeping.py``).
 
 Why the scheduler encodes: once per round for all of the engine's workers,
 instead of once per worker; and what it ships is immutable bytes, while
@@ -39,16 +43,16 @@ from typing import Any
 
 from .._native import encode_compact_heartbeats
 
-#: Largest compact message: the library's own heartbeat sender's limit
-#: (``consumer::sender::MAX_MESSAGE_LEN``), 2,730 records.
+#: Largest packed message: the library's own heartbeat sender's limit
+#: (``consumer::sender::MAX_MESSAGE_LEN``), 4,095 records.
 MAX_MESSAGE_LEN = 64 * 1024
 
 
 @dataclass(frozen=True)
 class CompactRound:
-    """One P engine's heartbeat for agents that accept compact heartbeats."""
+    """One P engine's heartbeat for agents that accept packed heartbeats."""
 
-    #: ``HBC:`` messages naming the (slot, nonce) of every heartbeated
+    #: ``HBP:`` messages naming the (slot, nonce) of every heartbeated
     #: request of the engine that has lease fields.
     messages: tuple[bytes, ...]
     #: vLLM's ``HB:`` message for the engine's requests without lease
@@ -97,7 +101,7 @@ class HeartbeatLeases:
             if len(book) != len(ids):
                 # vLLM's own expression, over the ids P must renew by id.
                 text = ("HB:" + ",".join(r for r in ids if r not in book)).encode()
-            messages = encode_compact_heartbeats(book.values(), MAX_MESSAGE_LEN)
+            messages = encode_compact_heartbeats(book.values(), MAX_MESSAGE_LEN, packed=True)
             out[engine_id] = CompactRound(tuple(messages), text)
         return out
 
@@ -113,14 +117,14 @@ class HeartbeatLeases:
 def compact_targets(
     rounds: Mapping[str, CompactRound],
     remote_agents: Mapping[str, Mapping[Any, Any]],
-    accepts_compact: Callable[[Any], bool],
+    accepts_packed: Callable[[Any], bool],
 ) -> dict[Any, CompactRound]:
-    """D worker: the agents of this round's engines that accept compact
+    """D worker: the agents of this round's engines that accept packed
     heartbeats, each with its engine's round."""
     targets: dict[Any, CompactRound] = {}
     for engine_id, rnd in rounds.items():
         for agent_name in remote_agents.get(engine_id, {}).values():
-            if accepts_compact(agent_name):
+            if accepts_packed(agent_name):
                 targets[agent_name] = rnd
     return targets
 

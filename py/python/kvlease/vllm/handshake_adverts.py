@@ -38,7 +38,11 @@ from typing import Any
 import msgspec
 import zmq
 
-from .._native import advert_accepts_compact_heartbeats, decode_lease_advert
+from .._native import (
+    advert_accepts_compact_heartbeats,
+    advert_accepts_packed_heartbeats,
+    decode_lease_advert,
+)
 from .metadata import KvLeaseHandshakePayload
 
 logger = logging.getLogger("vllm.kvlease.handshake")
@@ -55,17 +59,21 @@ _DECODER = msgspec.msgpack.Decoder(KvLeaseHandshakePayload)
 class SlotAdvert(tuple):
     """A P rank's advert: ``(base, nbytes, count)`` of its slot array, a
     plain 3-tuple to whoever reads those, and whether the rank renews on
-    compact (``HBC:``) heartbeats."""
+    compact (``HBC:``) and on packed (``HBP:``) heartbeats."""
 
     compact_heartbeats: bool
+    packed_heartbeats: bool
 
-    def __new__(cls, slots: tuple[int, int, int], compact_heartbeats: bool) -> "SlotAdvert":
+    def __new__(
+        cls, slots: tuple[int, int, int], compact_heartbeats: bool, packed_heartbeats: bool = False
+    ) -> "SlotAdvert":
         self = super().__new__(cls, slots)
         self.compact_heartbeats = compact_heartbeats
+        self.packed_heartbeats = packed_heartbeats
         return self
 
     def __getnewargs__(self) -> tuple:
-        return (tuple(self), self.compact_heartbeats)
+        return (tuple(self), self.compact_heartbeats, self.packed_heartbeats)
 
 
 class _ReplyRecorder:
@@ -125,10 +133,11 @@ def decode(payload: bytes) -> SlotAdvert | None | str:
     try:
         slots = decode_lease_advert(advert)
         compact = advert_accepts_compact_heartbeats(advert)
+        packed = advert_accepts_packed_heartbeats(advert)
     except Exception:
         return UNKNOWN
     # An advert without slots (a P that exports none) is a stock P's to D.
-    return None if slots is None else SlotAdvert(slots, compact)
+    return None if slots is None else SlotAdvert(slots, compact, packed)
 
 
 def from_replies(keys: list[tuple[int, int]], replies: list[bytes]) -> dict | None:

@@ -128,13 +128,14 @@ class LoadChecks:
             for key, name in agents.items():
                 self._adverts[name] = adverts.get(key)
 
-    def accepts_compact(self, agent_name: str | bytes) -> bool:
-        """Whether this P rank's advert says it renews on compact (``HBC:``)
-        heartbeats (``compact_heartbeats.py``); False for a rank without an
-        advert, or whose advert could not be read."""
+    def accepts_packed(self, agent_name: str | bytes) -> bool:
+        """Whether this P rank's advert says it renews on packed (``HBP:``)
+        heartbeats, the form D's rounds are encoded in
+        (``compact_heartbeats.py``); False for a rank without an advert, or
+        whose advert could not be read."""
         with self._lock:
             advert = self._adverts.get(agent_name)
-        return getattr(advert, "compact_heartbeats", False) is True
+        return getattr(advert, "packed_heartbeats", False) is True
 
     def peer_for(
         self, agent_name: str | bytes, now: float | None = None

@@ -45,10 +45,14 @@ class RankLeases:
 
     def advert(self) -> bytes:
         """The 32-byte advert a kvlease D reads from the handshake payload.
-        It says the rank accepts compact heartbeats: the worker hands every
-        ``HBC:`` message to the rank (``worker.py``, ``_get_new_notifs``)."""
+        It says the rank accepts compact and packed heartbeats: the worker
+        hands every ``HBC:`` and ``HBP:`` message to the rank (``worker.py``,
+        ``_get_new_notifs``)."""
         r = self.rank
-        return lease_advert(r.slots_address, r.slots_nbytes, r.slot_count, True)
+        return lease_advert(
+            r.slots_address, r.slots_nbytes, r.slot_count,
+            compact_heartbeats=True, packed_heartbeats=True,
+        )
 
     def apply_directives(self, msg: bytes, now: float) -> None:
         if not msg:

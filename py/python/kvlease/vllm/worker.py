@@ -19,8 +19,8 @@ every lease; the rank's reports leave through ``build_connector_worker_meta``
 this worker never reports them in ``finished_sending``: the scheduler does,
 once every rank let go (no double report).
 
-D: heartbeats to a P agent whose advert accepts compact heartbeats go out
-as ``HBC:`` (slot, nonce) records for the requests with lease fields
+D: heartbeats to a P agent whose advert accepts packed heartbeats go out
+as ``HBP:`` (slot, nonce) records for the requests with lease fields
 (``compact_heartbeats.py``); every other agent, and every request without
 lease fields, gets vLLM's ``HB:`` message.
 
@@ -305,12 +305,12 @@ class KvLeaseWorker(NixlPullConnectorWorker):
         rounds = step.heartbeats if step is not None else None
         if checks is None or not rounds:
             return super()._send_heartbeats(metadata)
-        targets = compact_targets(rounds, self._remote_agents, checks.accepts_compact)
+        targets = compact_targets(rounds, self._remote_agents, checks.accepts_packed)
         if not targets:
             return super()._send_heartbeats(metadata)
         # vLLM's method with the agent swapped for its length: its HB:
-        # message to an agent that accepts compact heartbeats becomes the
-        # engine's HBC: messages (compact_heartbeats.py); every other agent
+        # message to an agent that accepts packed heartbeats becomes the
+        # engine's HBP: messages (compact_heartbeats.py); every other agent
         # gets vLLM's bytes.
         sends = CompactSends(self.nixl_wrapper, targets)
         self.nixl_wrapper = sends
@@ -397,7 +397,7 @@ class KvLeaseWorker(NixlPullConnectorWorker):
             for msg in msgs:
                 if isinstance(msg, str):
                     msg = msg.encode("utf-8", "surrogateescape")
-                if msg.startswith(b"HB:") or msg.startswith(b"HBC:"):
+                if msg.startswith((b"HB:", b"HBC:", b"HBP:")):
                     rank.on_heartbeat(sender, msg, now)
                     if self._reqs_to_send and msg.startswith(b"HB:"):
                         super()._handle_heartbeat(msg[3:].decode("utf-8", "replace"))

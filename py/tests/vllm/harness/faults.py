@@ -27,13 +27,13 @@ class AgentProxy:
         setattr(self.agent, name, value)
 
 
-#: Both heartbeat forms: vLLM's text one, and kvlease's compact one between
-#: kvlease peers.
-HEARTBEATS = (b"HB:", b"HBC:")
+#: Every heartbeat form: vLLM's text one, and kvlease's record forms between
+#: kvlease peers (the plugin sends ``HBP:``; ``HBC:`` for completeness).
+HEARTBEATS = (b"HB:", b"HBC:", b"HBP:")
 
 
 class DropHeartbeats(AgentProxy):
-    """D side: while ``on``, heartbeats (``HB:`` and ``HBC:``) are not sent."""
+    """D side: while ``on``, heartbeats (``HB:``, ``HBC:``, ``HBP:``) are not sent."""
 
     def __init__(self, agent: Any) -> None:
         super().__init__(agent)
