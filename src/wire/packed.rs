@@ -6,12 +6,15 @@
 //! (prefix, classification, errors) are in the module docs of
 //! [`crate::wire`], form 5.
 //!
-//! Why another form: at 100k leases a P renewing from `HBC:` spends two
-//! thirds of its heartbeat step decoding hex (about 6 ns a record: three
-//! 8-digit words validated and folded), and the renewal itself is about
-//! 1.5 ns. A six-bit digit is a byte with its top two bits fixed, so the
-//! whole body validates with one vectorised fold, and a record decodes with
-//! nine shifts and masks per word and no multiply (`benches/roles.rs`).
+//! Why another form: at 100k leases a P renewing from `HBC:` spent most of
+//! its heartbeat step decoding hex (about 9 ns a record: three 8-digit words
+//! validated and folded, against about 2 ns for the renewal itself). A
+//! six-bit digit is a byte with its top two bits fixed, so a body validates
+//! with one fold over its words, and a record decodes with a dozen shifts
+//! and masks per word, which LLVM vectorises over a block of records
+//! ([`PackedEntries::next_block`]): about 2 ns a record with the validation
+//! (`benches/roles.rs`, `roles_heartbeat_round`; docs/vllm.md, "What it
+//! costs").
 //!
 //! # Record layout
 //!
@@ -83,9 +86,7 @@ fn words(r: &[u8; PACKED_RECORD_LEN]) -> (u64, u64) {
 #[inline(always)]
 pub(super) fn decode_record(r: &[u8; PACKED_RECORD_LEN]) -> (u32, u64) {
     let (lo, hi) = words(r);
-    // Both words through the same ops, written so that LLVM's SLP
-    // vectoriser can fold them in one 128-bit register.
-    let [lo, hi] = [lo, hi].map(fold48);
+    let (lo, hi) = (fold48(lo), fold48(hi));
     (lo as u32, (lo >> 32) | (hi << 16))
 }
 
