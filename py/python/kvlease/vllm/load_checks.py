@@ -4,7 +4,7 @@ that step), and the verdicts.
 
 Owns: the ``SlotChecker``, the lease adverts learnt at handshake (the only
 state the handshake thread writes, under a lock; the heartbeat sender asks
-them which P ranks accept compact heartbeats), the P ranks as checker
+them which P ranks accept packed heartbeats), the P ranks as checker
 peers, the slot READs posted with the worker's NIXL agent, and the requests
 held between their last block READ and their verdict. May not report
 anything to vLLM: ``worker.py`` turns verdicts into ``finished_recving``,

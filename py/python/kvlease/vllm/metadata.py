@@ -43,7 +43,7 @@ class LeaseStep:
     #: keys of ``kv_transfer_params`` vLLM drops on the way to the worker).
     read_fields: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: D, in a heartbeat round only: ``{P engine id: CompactRound}``, the
-    #: round's heartbeats for the P agents that accept compact ones
+    #: round's heartbeats for the P agents that accept packed ones
     #: (``compact_heartbeats.py``).
     heartbeats: dict[str, CompactRound] = field(default_factory=dict)
 

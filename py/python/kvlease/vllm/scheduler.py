@@ -12,7 +12,7 @@ from the workers' reports in ``update_connector_output``
 requests whose READs start this step go to the workers with the metadata,
 since vLLM drops unknown ``kv_transfer_params`` keys on that way; and those
 of every heartbeated request are kept beside vLLM's heartbeat sets, so that
-each heartbeat round ships them encoded as compact heartbeats
+each heartbeat round ships them encoded as packed heartbeats (``HBP:``)
 (``compact_heartbeats.py``).
 
 May not change what vLLM does for requests kvlease does not hold. An instance
