@@ -87,6 +87,9 @@ fn two_hundred_p_restarts_in_a_row_still_work() {
     let mut drain = EngineDrain::new();
     let mut p_names = Vec::with_capacity(ROUNDS);
     let mut send_retries = 0u32;
+    let mut resends = 0u32;
+    // Resend a heartbeat not heard within this (a sender's next interval).
+    const RESEND: std::time::Duration = std::time::Duration::from_secs(1);
     let t0 = std::time::Instant::now();
     for round in 0..ROUNDS {
         // A P worker starts: a new agent with a name of its own, a lease
@@ -149,14 +152,29 @@ fn two_hundred_p_restarts_in_a_row_still_work() {
             }
         })
         .unwrap_or_else(|| panic!("round {round}: heartbeat: {last_err:?}"));
+        // A send that returned Ok can still be lost on a fresh endpoint (seen
+        // twice in many gate runs: "heartbeat never arrived" in 10 s, rounds
+        // 58 and 140). A heartbeat sender simply sends again next interval,
+        // which is what the lease's margin is for; so does the test, once a
+        // second, counting it (and failing below if it is not rare).
         let mut heard = None;
+        let mut sent_at = std::time::Instant::now();
         poll_until(WAIT, || {
             drain.step(&d_agent);
             p.drain_notifications(&mut |from, m| heard = Some((from.to_owned(), m.to_vec())))
                 .unwrap();
+            if heard.is_none()
+                && sent_at.elapsed() > RESEND
+                && d.send_notification(id, hb.as_bytes()).is_ok()
+            {
+                resends += 1;
+                sent_at = std::time::Instant::now();
+            }
             heard.as_ref().map(|_| ())
         })
-        .unwrap_or_else(|| panic!("round {round}: heartbeat never arrived"));
+        .unwrap_or_else(|| {
+            panic!("round {round}: heartbeat never arrived ({resends} resends so far)")
+        });
         assert_eq!(heard, Some((d.name().to_owned(), hb.into_bytes())));
 
         // D's slot READ sees this P's nonce.
@@ -200,8 +218,13 @@ fn two_hundred_p_restarts_in_a_row_still_work() {
             "round {round}'s agent {name}"
         );
     }
+    // A lost first heartbeat is a rare transport event, not the normal path.
+    assert!(
+        (resends as usize) <= ROUNDS / 20,
+        "{resends} heartbeats resent in {ROUNDS} rounds"
+    );
     say(&format!(
-        "nixl: {ROUNDS} P restarts against a {TABLE}-entry peer table: {:.2} s ({:.1} ms per restart), {send_retries} heartbeat sends retried; {s:?}",
+        "nixl: {ROUNDS} P restarts against a {TABLE}-entry peer table: {:.2} s ({:.1} ms per restart), {send_retries} heartbeat sends retried, {resends} resent after a loss; {s:?}",
         took.as_secs_f64(),
         took.as_secs_f64() * 1e3 / ROUNDS as f64
     ));
