@@ -84,22 +84,20 @@ impl PrefillRank {
     }
 
     /// Renews by (slot, nonce) from a compact heartbeat: the slot is the
-    /// entry, so this is one cache line, and only the lease holding that
-    /// nonce is renewed.
+    /// entry, so this is one 16-byte head, and only the lease holding that
+    /// nonce is renewed. The batch paths' record step, for one record.
     #[inline]
     pub fn renew_slot(&mut self, slot: u32, nonce: Nonce, now: Instant) -> Renewal {
-        let held = match self.layout.slot_of(slot).and_then(|e| self.lines.head(e)) {
-            Some(head) if head.nonce != 0 => head.nonce,
-            _ => {
-                self.counters.renew_unknown += 1;
-                return Renewal::Unknown;
-            }
-        };
-        if held != nonce.get() {
-            self.counters.renew_nonce_mismatch += 1;
-            return Renewal::Unknown;
+        let mut tally = SlotTally::default();
+        self.renew_slot_to(slot, nonce.get(), self.renewal_target(now), &mut tally);
+        self.add_tally(&tally);
+        if tally.renewed > 0 {
+            Renewal::Renewed
+        } else if tally.capped > 0 {
+            Renewal::Capped
+        } else {
+            Renewal::Unknown
         }
-        self.renew_entry(slot, now)
     }
 
     /// Renews every (slot, nonce) of a compact heartbeat, as
