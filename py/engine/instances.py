@@ -110,7 +110,8 @@ class InstanceSpec:
     """What one ``vllm serve`` runs as."""
 
     name: str
-    #: "plain" (no KV transfer), "stock" (vLLM's NixlConnector) or "kvlease".
+    #: "plain" (no KV transfer), "stock" (vLLM's NixlConnector), "kvlease",
+    #: or push mode: "stock-push" (vLLM's NixlPushConnector), "kvlease-push".
     connector: str = "plain"
     #: kv_connector_extra_config (kv_lease_duration, ...).
     extra: dict[str, Any] = field(default_factory=dict)
@@ -137,6 +138,11 @@ class InstanceSpec:
             cfg["kv_connector"] = "NixlConnector"
         elif self.connector == "kvlease":
             cfg["kv_connector"] = "KvLeaseNixlConnector"
+            cfg["kv_connector_module_path"] = "kvlease.vllm"
+        elif self.connector == "stock-push":
+            cfg["kv_connector"] = "NixlPushConnector"
+        elif self.connector == "kvlease-push":
+            cfg["kv_connector"] = "KvLeaseNixlPushConnector"
             cfg["kv_connector_module_path"] = "kvlease.vllm"
         else:
             raise ValueError(f"unknown connector {self.connector!r}")

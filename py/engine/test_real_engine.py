@@ -22,6 +22,9 @@ D      d stopped; d_small: kvlease, small    overload, D killed
        KV cache
 E      p: kvlease TP 2, d: kvlease, both     heterogeneous TP; async scheduling
        with async scheduling
+F      push mode: p_push and d_push:         push happy path, a registration that reaches
+       kvlease-push; p_push_stock and        P late, mixed fleets, P killed with
+       d_push_stock: stock-push              registrations outstanding and D's aborts
 =====  ====================================  =========================================
 
 Phase E turns async scheduling on for both of its instances, the TP 2 P
@@ -42,6 +45,7 @@ ids and ``max_tokens``. A wrong answer is an HTTP 200 whose text differs.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import re
 import time
@@ -51,7 +55,7 @@ import pytest
 
 import workload
 from instances import InstanceSpec
-from workload import Answer, complete, complete_all, make_prompts, run
+from workload import Answer, complete, complete_all, make_prompts, push_all, run
 
 #: kv_lease_duration (s): heartbeat every 3 s, extension 12 s. At least 12 s
 #: on 2 cores (P's HTTP replies alone took up to 6 s under load); 18 s leaves
@@ -120,7 +124,13 @@ AFTER = ("after", 8, 8, {})
 MIXED = ("mixed", 12, 9, {})
 TP2 = ("tp2", 12, 10, {})
 ASYNC = ("async", 12, 11, {})
-SETS = [HAPPY, LATE_A, FILLER, OVERLOAD, PREEMPT, SOAK, KILL, AFTER, MIXED, TP2, ASYNC]
+#: Push mode (phase F): each set runs on the kvlease pair and the stock pair.
+PUSH_HAPPY = ("push-happy", 8, 12, {})
+PUSH_LATE = ("push-late", 4, 13, {})
+PUSH_MIXED = ("push-mixed", 4, 14, {})
+PUSH_KILL = ("push-kill", 4, 15, {})
+SETS = [HAPPY, LATE_A, FILLER, OVERLOAD, PREEMPT, SOAK, KILL, AFTER, MIXED, TP2, ASYNC,
+        PUSH_HAPPY, PUSH_LATE, PUSH_MIXED, PUSH_KILL]
 
 
 class PromptSet:
@@ -137,8 +147,9 @@ class PromptSet:
 def sets(fleet) -> dict[str, PromptSet]:
     """Every prompt set with its reference texts from a plain ``vllm serve``,
     started beside the first P and D and stopped once it answered."""
-    out = {s[0]: PromptSet(fleet.model, s) for s in SETS}
-    fleet.ensure(ref=REF, **PHASE_A)
+    only = os.environ.get("ENGINE_ONLY_SETS")  # a prefix: a quicker run of some cases
+    out = {s[0]: PromptSet(fleet.model, s) for s in SETS if not only or s[0].startswith(only)}
+    fleet.ensure(ref=REF, **({} if only else PHASE_A))
     ref = fleet.running["ref"]
     for ps in out.values():
         answers = run(complete_all(ref.url, ps.prompts, concurrency=8, max_tokens=ps.max_tokens,
@@ -171,14 +182,14 @@ COUNTERS = {
 }
 
 
-def counters(inst, settle: bool = True) -> dict[str, float]:
+def counters(inst, settle: bool = True, names: dict[str, str] = COUNTERS) -> dict[str, float]:
     """An instance's lease counters (0 for those it does not export), read
     once they stopped moving: a step's stats reach /metrics with the engine's
     next output batch, a moment after the answer that step produced."""
     last = None
     for _ in range(20 if settle else 1):
         now = {}
-        for key, metric in COUNTERS.items():
+        for key, metric in names.items():
             try:
                 now[key] = inst.metric(metric)
             except KeyError:
@@ -682,6 +693,239 @@ def test_tp2_p_with_async_scheduling_happy_lapse_and_abort(fleet, sets, record):
     every_load_verified_or_lapsed(figures)
     assert figures["p_usage_back_after_aborts_s"] is not None, figures
     assert figures["after_equal"] == 4 and figures["crashes"] == 0, figures
+
+
+# ---- phase F: push mode, kvlease beside stock --------------------------------
+
+#: kv_lease_duration of the push pairs (s): the lease of the issue's trial.
+#: D's write permit lasts as long, so a permit P never renews is fenced
+#: PUSH_LEASE + the write bound (kv_lease_push_write_bound, 10 s) after
+#: D registered it.
+PUSH_LEASE = 12.0
+PUSH_WRITE_BOUND = 10.0
+PUSH_FENCE = PUSH_LEASE + PUSH_WRITE_BOUND
+PUSH_EXTRA = {"kv_lease_duration": int(PUSH_LEASE)}
+#: How long a client waits for its D leg before it counts a hang and gives
+#: up (which aborts the request on D): past kvlease's worst case, a push
+#: fenced (22 s) and recomputed on a 2-core machine whose engines stall for
+#: seconds at a time.
+PUSH_PATIENCE = 60.0
+PUSH_COUNTERS = {
+    # D
+    "permits": "vllm:kv_push_permits_total",
+    "push_failed": "vllm:kv_push_failed_total",
+    "unguarded": "vllm:kv_push_unguarded_total",
+    # P
+    "written": "vllm:kv_push_written_total",
+    "refused": "vllm:kv_push_refused_total",
+    "gate_closed": "vllm:kv_push_gate_closed_total",
+}
+
+
+#: What a stock vLLM logs for a notification it cannot place (it reads the
+#: text before the last ":" as a request id): a guard message that reached it.
+STRAY = r"request (PRN|PRV|PEND|PHB) notif|PUSH_REG.*kvlease_permit"
+
+
+def push_spec(role: str, connector: str) -> InstanceSpec:
+    if role == "p":
+        return InstanceSpec(name=f"p-{connector}", connector=connector, extra=dict(PUSH_EXTRA),
+                            num_blocks=P_BLOCKS, prefill=True)
+    return InstanceSpec(name=f"d-{connector}", connector=connector, extra=dict(PUSH_EXTRA))
+
+
+PHASE_F = dict(p_push=push_spec("p", "kvlease-push"), d_push=push_spec("d", "kvlease-push"),
+               p_push_stock=push_spec("p", "stock-push"),
+               d_push_stock=push_spec("d", "stock-push"))
+PAIRS = {"kvlease": ("p_push", "d_push"), "stock": ("p_push_stock", "d_push_stock")}
+
+
+def push_phase(fleet) -> None:
+    fleet.ensure(p=None, d=None, d_small=None, p_stock=None, d_stock=None, ref=None, **PHASE_F)
+
+
+def push_counters(inst) -> dict[str, float]:
+    return counters(inst, names=PUSH_COUNTERS)
+
+
+def d_leak(d, settle_s: float = 3.0) -> dict:
+    """D's KV usage with nothing running or waiting: what stays held is leaked."""
+    time.sleep(settle_s)
+    return {"d_running": d.metric("vllm:num_requests_running"),
+            "d_waiting": d.metric("vllm:num_requests_waiting"),
+            "d_usage_end": round(d.kv_usage(), 4)}
+
+
+def usage_back(inst, timeout: float) -> float | None:
+    """Seconds until ``inst``'s KV usage is 0, or None."""
+    return p_usage_back(inst, 0.0, timeout)
+
+
+def push_figures(answers: list[Answer], reference: list[str]) -> dict:
+    figures = compare(answers, reference)
+    figures["hangs"] = sum(a.status == 0 for a in answers)
+    oks = [a.latency_s for a in answers if a.ok]
+    figures["latency_max_s"] = round(max(oks), 1) if oks else None
+    return figures
+
+
+def push_both(fleet, ps: PromptSet, name: str, **kw) -> dict[str, dict]:
+    """One push round of ``ps`` on the kvlease pair and the stock pair at once."""
+    before = {c: (push_counters(fleet.running[p]), push_counters(fleet.running[d]))
+              for c, (p, d) in PAIRS.items()}
+
+    async def go():
+        return await asyncio.gather(*(
+            push_all(fleet.running[p].url, fleet.running[d].url, ps.prompts,
+                     prefix=f"{name}-{c}", concurrency=2, max_tokens=ps.max_tokens, **kw)
+            for c, (p, d) in PAIRS.items()))
+
+    out = {}
+    for (c, (p, d)), answers in zip(PAIRS.items(), run(go())):
+        figures = push_figures(answers, ps.reference)
+        pb, db = before[c]
+        figures.update(delta(push_counters(fleet.running[d]), db, "permits", "push_failed"))
+        figures.update(delta(push_counters(fleet.running[p]), pb, "written", "refused"))
+        out[c] = figures
+    return out
+
+
+def test_push_happy_path_kvlease_guards_every_push(fleet, sets, record):
+    """Push mode (vLLM's NixlPushConnector; kvlease's KvLeaseNixlPushConnector)
+    on vLLM's CPU engine: each request to P first, then to D with P's
+    kv_transfer_params and the same X-Request-Id. kvlease: every text equals
+    the plain reference, nothing hangs, every push went with a write permit,
+    D's blocks all come back. A push P could not serve in time (this 2-core
+    machine stalls a fresh engine for seconds) ends as a recompute, never a
+    wait: counted in push_failed. Stock beside it, recorded."""
+    push_phase(fleet)
+    figures = push_both(fleet, sets["push-happy"], "push-happy", timeout_s=PUSH_PATIENCE)
+    for c, (_p, d) in PAIRS.items():
+        figures[c].update(d_leak(fleet.running[d], settle_s=0))
+        figures[c]["d_usage_back_s"] = usage_back(fleet.running[d], PUSH_FENCE + 10)
+        record.write("push: happy path", c, **figures[c])
+    kv = figures["kvlease"]
+    assert kv["texts_equal"] == kv["requests"] and kv["hangs"] == 0, kv
+    assert kv["permits"] >= kv["requests"], kv
+    assert kv["written"] >= 1, kv
+    assert kv["d_usage_back_s"] is not None, kv
+
+
+def test_push_late_registration_stock_hangs_kvlease_recomputes(fleet, sets, record):
+    """The registration reaches P after P let the request go (the D leg held
+    back past P's lease). Stock: D waits for a WRITE that cannot come, the
+    client gives up, and D keeps the blocks. kvlease: P answers the
+    registration at once (PEND:R), the load fails and is recomputed: the
+    text equals the reference, and D's blocks come back."""
+    push_phase(fleet)
+    ps = sets["push-late"]
+    figures = push_both(fleet, ps, "push-late", between_s=PUSH_LEASE + 10, timeout_s=PUSH_PATIENCE)
+    for c, (_p, d) in PAIRS.items():
+        figures[c].update(d_leak(fleet.running[d]))
+        figures[c]["held_s"] = PUSH_LEASE + 10
+        record.write("push: registration reaches P late", c, **figures[c])
+    kv, stock = figures["kvlease"], figures["stock"]
+    assert stock["hangs"] >= 1 and stock["d_usage_end"] > 0, (
+        f"the stock control showed no hang and no leak: the case tested nothing ({stock})")
+    assert kv["texts_equal"] == kv["requests"] and kv["hangs"] == 0, kv
+    assert kv["refused"] >= 1 and kv["push_failed"] >= 1, kv
+    assert kv["d_usage_end"] == 0, kv
+
+
+def test_push_mixed_fleets_get_stock_behaviour(fleet, sets, record):
+    """A kvlease D with a stock P sends vLLM's own PUSH_REG (no permit, no
+    PRN:/PRV:), and a stock D with a kvlease P gets vLLM's own handling (no
+    PEND:/PHB:): no wrong answer either way, no guard message at a stock peer."""
+    push_phase(fleet)
+    ps = sets["push-mixed"]
+    for p, d, name in (("p_push_stock", "d_push", "kvlease D, stock P"),
+                       ("p_push", "d_push_stock", "stock D, kvlease P")):
+        p_inst, d_inst = fleet.running[p], fleet.running[d]
+        pb, db = push_counters(p_inst), push_counters(d_inst)
+        stray_before = (p_inst.count_in_log(STRAY), d_inst.count_in_log(STRAY))
+        answers = run(push_all(p_inst.url, d_inst.url, ps.prompts, prefix=f"mixed-{p}",
+                               concurrency=4, max_tokens=ps.max_tokens, timeout_s=30))
+        figures = push_figures(answers, ps.reference)
+        figures.update(delta(push_counters(d_inst), db, "permits", "unguarded"))
+        figures.update(delta(push_counters(p_inst), pb, "written", "refused"))
+        figures["guard_messages_at_stock_peer"] = (
+            p_inst.count_in_log(STRAY) - stray_before[0]
+            + d_inst.count_in_log(STRAY) - stray_before[1])
+        record.write(f"push: mixed fleet ({name})", "mixed", **figures)
+        assert figures["wrong_answers"] == 0, figures
+        # Only D's counter: P's reach /metrics with P's next step, so the
+        # WRITEs and refusals of the case before may show here.
+        assert figures["permits"] == 0, figures
+        assert figures["guard_messages_at_stock_peer"] == 0, figures
+        if d == "d_push":
+            assert figures["unguarded"] >= figures["requests"] - figures["http_errors"], figures
+
+
+def test_push_p_killed_with_registrations_outstanding(fleet, sets, record):
+    """P answers the prefills, then dies (SIGKILL), and the D legs come. Two
+    of them are patient, two give up after 8 s (D aborts them while it waits).
+    Stock: every D leg hangs, and D keeps the blocks. kvlease: no WRITE can
+    come, so D frees at the fence (the permit's 12 s plus the 10 s write
+    bound after it registered): the patient two are recomputed (texts equal
+    the reference), the aborted two's blocks come back too."""
+    push_phase(fleet)
+    ps = sets["push-kill"]
+
+    async def scenario(c: str):
+        p_name, d_name = PAIRS[c]
+        p, d = fleet.running[p_name], fleet.running[d_name]
+        answered = p.metric("vllm:request_success_total")
+        failed_before = (await asyncio.to_thread(push_counters, d))["push_failed"]
+        go = asyncio.Event()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            tasks = [asyncio.create_task(workload.complete_push(
+                session, p.url, d.url, pr, request_id=f"pk-{c}-{i}-{random.getrandbits(24):06x}",
+                max_tokens=ps.max_tokens, before_d=go,
+                timeout_s=8 if i % 2 else PUSH_PATIENCE))
+                for i, pr in enumerate(ps.prompts)]
+            for _ in range(240):
+                if p.metric("vllm:request_success_total") - answered >= len(ps.prompts):
+                    break
+                await asyncio.sleep(0.25)
+            fleet.kill(p_name)
+            t0 = time.monotonic()
+            go.set()
+            # Until D let every push go (kvlease: each ended at its fence, the
+            # aborted ones included), read off D's counter as it moves.
+            ended_s = None
+            while time.monotonic() - t0 < PUSH_FENCE + 20 and ended_s is None:
+                failed = (await asyncio.to_thread(counters, d, False, PUSH_COUNTERS))["push_failed"]
+                if failed - failed_before >= len(ps.prompts):
+                    ended_s = round(time.monotonic() - t0, 1)
+                await asyncio.sleep(0.5)
+            answers = await asyncio.gather(*tasks)
+            back = await asyncio.to_thread(usage_back, d, 15.0)
+            return answers, ended_s, (None if back is None else round(time.monotonic() - t0, 1))
+
+    async def both_pairs():
+        return await asyncio.gather(scenario("kvlease"), scenario("stock"))
+
+    results = run(both_pairs())
+    figures = {}
+    for c, (answers, ended_s, back) in zip(PAIRS, results):
+        patient = [a for i, a in enumerate(answers) if i % 2 == 0]
+        ref = [r for i, r in enumerate(ps.reference) if i % 2 == 0]
+        f = push_figures(patient, ref)
+        f["aborted"] = len(answers) - len(patient)
+        # The fence: the permit's term after D registered, plus the write
+        # bound (a step's slack on top).
+        f["pushes_ended_s"] = ended_s
+        f["bound_s"] = PUSH_FENCE + 3
+        f["d_usage_back_s"] = back
+        f.update(d_leak(fleet.running[PAIRS[c][1]], settle_s=0))
+        figures[c] = f
+        record.write("push: P killed, registrations outstanding, D aborts", c, **f)
+    kv, stock = figures["kvlease"], figures["stock"]
+    assert stock["hangs"] >= 1 and stock["d_usage_end"] > 0, (
+        f"the stock control showed no hang and no leak: the case tested nothing ({stock})")
+    assert kv["texts_equal"] == kv["requests"] and kv["hangs"] == 0, kv
+    assert kv["pushes_ended_s"] is not None and kv["pushes_ended_s"] <= kv["bound_s"], kv
+    assert kv["d_usage_back_s"] is not None and kv["d_usage_end"] == 0, kv
 
 
 def test_no_instance_crashed(fleet, record):

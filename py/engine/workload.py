@@ -124,6 +124,67 @@ async def complete(session: aiohttp.ClientSession, base_url: str, prompt: list[i
                       held_s=hold_s)
 
 
+async def complete_push(session: aiohttp.ClientSession, p_url: str, d_url: str,
+                        prompt: list[int], *, request_id: str, max_tokens: int = MAX_TOKENS,
+                        between_s: float = 0.0, timeout_s: float = 60.0,
+                        before_d: "asyncio.Event | None" = None) -> Answer:
+    """One push-mode request as a router sends it: to P first (prefill, one
+    token, ``do_remote_decode``), then to D with P's ``kv_transfer_params``
+    and the same ``X-Request-Id`` (P matches D's registration by that id,
+    vLLM's random suffix stripped). ``between_s`` holds the D leg back that
+    long (a registration that reaches P late), ``before_d`` until it is set.
+    A D leg that does not answer within ``timeout_s`` is a hang (status 0):
+    the client gives up, which aborts the request on D. Never raises."""
+    headers = {"X-Request-Id": request_id}
+    base = {"model": "tiny", "prompt": prompt, "temperature": 0.0, "ignore_eos": True,
+            "stream": False}
+    t0 = time.monotonic()
+    try:
+        p_body = dict(base, max_tokens=1, kv_transfer_params={
+            "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+            "remote_block_ids": None, "remote_host": None, "remote_port": None})
+        async with session.post(p_url + "/v1/completions", json=p_body, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=60)) as r:
+            raw = await r.text()
+            if r.status != 200:
+                return Answer(r.status, None, time.monotonic() - t0, error="P: " + raw[:300])
+            params = json.loads(raw).get("kv_transfer_params")
+        p_leg = time.monotonic() - t0
+        if before_d is not None:
+            await before_d.wait()
+        if between_s:
+            await asyncio.sleep(between_s)
+        t1 = time.monotonic()
+        d_body = dict(base, max_tokens=max_tokens, kv_transfer_params=params)
+        async with session.post(d_url + "/v1/completions", json=d_body, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            raw = await r.text()
+            if r.status != 200:
+                return Answer(r.status, None, time.monotonic() - t0, error="D: " + raw[:300],
+                              p_leg_s=p_leg)
+            text = json.loads(raw)["choices"][0]["text"]
+            return Answer(200, text, time.monotonic() - t0, held_s=between_s, p_leg_s=p_leg,
+                          d_leg_s=time.monotonic() - t1)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        return Answer(0, None, time.monotonic() - t0, error=f"{type(e).__name__}: {e}",
+                      held_s=between_s)
+
+
+async def push_all(p_url: str, d_url: str, prompts: list[list[int]], *, prefix: str,
+                   concurrency: int = 4, **kw) -> list[Answer]:
+    """:func:`complete_push` for every prompt, at most ``concurrency`` at once;
+    answers in prompt order. Request ids are ``{prefix}-{i}-{8 hex digits}``."""
+    sem = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def one(i: int) -> Answer:
+            async with sem:
+                return await complete_push(
+                    session, p_url, d_url, prompts[i],
+                    request_id=f"{prefix}-{i}-{random.getrandbits(32):08x}", **kw)
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+
+
 async def complete_all(base_url: str, prompts: list[list[int]], *, concurrency: int = 4,
                        holds: list[float] | None = None, stream: bool = False,
                        max_tokens: int = MAX_TOKENS, prefix: str = "req",

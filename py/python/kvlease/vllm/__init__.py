@@ -1,5 +1,7 @@
 """kvlease for vLLM: ``KvLeaseNixlConnector``, vLLM's NIXL pull connector
-with lease slots, nonces and verified KV loads.
+with lease slots, nonces and verified KV loads; and
+``KvLeaseNixlPushConnector``, vLLM's NIXL push connector with write permits
+(docs/push.md).
 
 Load it unmodified through vLLM's ``kv_connector_module_path``::
 
@@ -18,6 +20,7 @@ from .compat import SUPPORTED, UnsupportedVllmVersion, check_vllm_version
 check_vllm_version()
 
 from .connector import KvLeaseNixlConnector  # noqa: E402
+from .push_connector import KvLeaseNixlPushConnector  # noqa: E402
 from .scheduler import KvLeaseScheduler  # noqa: E402
 from .stats import KvLeaseConnectorStats, KvLeasePromMetrics  # noqa: E402
 from .worker import KvLeaseWorker  # noqa: E402
@@ -25,9 +28,11 @@ from .composition import register_by_name  # noqa: E402
 
 # MultiConnector rebuilds a child's stats by its class name (composition.py).
 register_by_name("KvLeaseNixlConnector", __name__)
+register_by_name("KvLeaseNixlPushConnector", __name__)
 
 __all__ = [
     "KvLeaseNixlConnector",
+    "KvLeaseNixlPushConnector",
     "KvLeaseScheduler",
     "KvLeaseWorker",
     "KvLeaseConnectorStats",

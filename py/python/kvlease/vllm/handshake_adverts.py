@@ -25,12 +25,20 @@ the handshake changes.
 The wrapper is installed once per process (``install``) and is inert on
 every thread that is not inside :func:`recording`: vLLM's own use of
 ``zmq_ctx`` elsewhere gets the original socket.
+
+Push mode reads one thing more from the same replies: the clock reading
+each listener sends beside its payload (vLLM's second frame, its
+``perf_counter`` at the reply), stamped with this thread's monotonic clock
+right before the query left and right after the reply came
+(:class:`ClockRound`): a push P's sample of D's clock
+(``push_writes.py``), with no query of its own.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -76,19 +84,61 @@ class SlotAdvert(tuple):
         return (tuple(self), self.compact_heartbeats, self.packed_heartbeats)
 
 
-class _ReplyRecorder:
-    """A ZMQ socket that keeps the first frame of every multipart reply."""
+class ClockRound(tuple):
+    """One query and its reply: ``(sent, remote, received)``, the first and
+    last on this process's ``time.monotonic()``, ``remote`` the listener's
+    clock reading from the reply (None when the reply had none that
+    decodes). ``remote`` was read between the two stamps."""
 
-    def __init__(self, sock: Any, replies: list[bytes]) -> None:
+    @property
+    def sent(self) -> float:
+        return self[0]
+
+    @property
+    def remote(self) -> float | None:
+        return self[1]
+
+    @property
+    def received(self) -> float:
+        return self[2]
+
+
+def _remote_clock(frame: bytes) -> float | None:
+    try:
+        value = msgspec.msgpack.decode(frame)
+    except (msgspec.DecodeError, ValueError):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+class _ReplyRecorder:
+    """A ZMQ socket that keeps the first frame of every multipart reply,
+    and the clock round of each (see :class:`ClockRound`)."""
+
+    def __init__(self, sock: Any, replies: list[bytes], rounds: list[ClockRound]) -> None:
         self._sock = sock
         self._replies = replies
+        self._rounds = rounds
+        self._sent: float | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
 
+    def send(self, *args: Any, **kwargs: Any) -> Any:
+        # Stamped before the send: the listener's reading comes after it.
+        self._sent = time.monotonic()
+        return self._sock.send(*args, **kwargs)
+
     def recv_multipart(self, *args: Any, **kwargs: Any) -> list:
         parts = self._sock.recv_multipart(*args, **kwargs)
+        received = time.monotonic()
         self._replies.append(bytes(parts[0]) if parts else b"")
+        if self._sent is not None:
+            remote = _remote_clock(bytes(parts[1])) if len(parts) > 1 else None
+            self._rounds.append(ClockRound((self._sent, remote, received)))
+            self._sent = None
         return parts
 
 
@@ -103,7 +153,11 @@ def install(module: Any) -> None:
     def zmq_ctx(socket_type: Any, addr: str) -> Iterator[Any]:
         with original(socket_type, addr) as sock:
             replies = getattr(_local, "replies", None)
-            yield sock if replies is None else _ReplyRecorder(sock, replies)
+            rounds = getattr(_local, "rounds", None)
+            if replies is None or rounds is None:
+                yield sock
+            else:
+                yield _ReplyRecorder(sock, replies, rounds)
 
     zmq_ctx._kvlease_recording = True  # type: ignore[attr-defined]
     zmq_ctx.__wrapped__ = original  # type: ignore[attr-defined]
@@ -113,11 +167,21 @@ def install(module: Any) -> None:
 @contextmanager
 def recording() -> Iterator[list[bytes]]:
     """Keeps the replies received on this thread inside the block."""
+    with capturing() as (replies, _rounds):
+        yield replies
+
+
+@contextmanager
+def capturing() -> Iterator[tuple[list[bytes], list[ClockRound]]]:
+    """Keeps the replies received on this thread inside the block, and the
+    clock round of each."""
     _local.replies = []
+    _local.rounds = []
     try:
-        yield _local.replies
+        yield _local.replies, _local.rounds
     finally:
         _local.replies = None
+        _local.rounds = None
 
 
 def decode(payload: bytes) -> SlotAdvert | None | str:
@@ -138,6 +202,16 @@ def decode(payload: bytes) -> SlotAdvert | None | str:
         return UNKNOWN
     # An advert without slots (a P that exports none) is a stock P's to D.
     return None if slots is None else SlotAdvert(slots, compact, packed)
+
+
+def push_guard(payload: bytes) -> int:
+    """The push guard version a handshake payload advertises (0: none, or
+    a payload that does not decode). Never raises."""
+    try:
+        version = _DECODER.decode(payload).kv_push_guard
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return 0
+    return version if isinstance(version, int) and version > 0 else 0
 
 
 def from_replies(keys: list[tuple[int, int]], replies: list[bytes]) -> dict | None:
@@ -167,3 +241,19 @@ def query(host: str, port: int, keys: list[tuple[int, int]], base_worker: Any,
     for key in keys:
         out.setdefault(key, UNKNOWN)
     return out
+
+
+def clock_rounds(host: str, port: int, base_worker: Any, get_meta: Any) -> list[ClockRound]:
+    """One more query of a peer's side channel (vLLM's ``GET_META`` for rank
+    (0, 0)), for the clock reading beside its reply: push mode re-samples
+    D's clock with it. Never raises; [] when no reply came."""
+    path = base_worker.make_zmq_path("tcp", host, port)
+    try:
+        with capturing() as (_replies, rounds), base_worker.zmq_ctx(zmq.REQ, path) as sock:
+            sock.setsockopt(zmq.RCVTIMEO, QUERY_TIMEOUT_MS)
+            sock.send(msgspec.msgpack.encode((get_meta, 0, 0)))
+            sock.recv_multipart()
+            return list(rounds)
+    except Exception as e:  # a timeout, a closed listener: the old sample stays
+        logger.info("kvlease: no clock sample from %s:%d this time (%s)", host, port, e)
+        return []

@@ -46,9 +46,18 @@ class LeaseStep:
     #: round's heartbeats for the P agents that accept packed ones
     #: (``compact_heartbeats.py``).
     heartbeats: dict[str, CompactRound] = field(default_factory=dict)
+    #: D in push mode: the requests whose write permit D revokes this step
+    #: (aborted while waiting for P's WRITE, or past vLLM's registration
+    #: watchdog): ``push_permits.py``.
+    push_revokes: list[str] = field(default_factory=list)
 
     def is_empty(self) -> bool:
-        return not self.directives and not self.read_fields and not self.heartbeats
+        return (
+            not self.directives
+            and not self.read_fields
+            and not self.heartbeats
+            and not self.push_revokes
+        )
 
 
 class LeaseReports(KVConnectorWorkerMetadata):
@@ -77,3 +86,7 @@ class KvLeaseHandshakePayload(NixlHandshakePayload):
     b"" when it exports none)."""
 
     kv_lease_advert: bytes = b""
+    #: Push mode: the version of kvlease's push guard this worker's P side
+    #: speaks (``push_writes.py``; 0: none, so a kvlease D sends it vLLM's
+    #: own ``PUSH_REG``).
+    kv_push_guard: int = 0

@@ -24,8 +24,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
 from vllm.v1.metrics.utils import create_metric_per_engine
 
 #: key -> (log label, Prometheus name, Prometheus help). The first five are
-#: recorded on P's scheduler, the next three on D's workers, the last on D's
-#: scheduler.
+#: recorded on P's scheduler, the next four on D's workers, the next on D's
+#: scheduler; the ``kv_push_*`` keys by push mode's workers
+#: (``push_worker.py``).
 LEASE_KEYS: dict[str, tuple[str, str, str]] = {
     "kv_lease_granted": (
         "KV leases granted",
@@ -83,6 +84,48 @@ LEASE_KEYS: dict[str, tuple[str, str, str]] = {
         "D: heartbeat rounds that went out more than the lease extension minus the "
         "heartbeat interval after the last one (a stalled or starved engine); P may "
         "have let the waiting requests' leases go.",
+    ),
+    "kv_push_permits": (
+        "KV push permits",
+        "vllm:kv_push_permits",
+        "D (push): registrations sent to P with a write permit.",
+    ),
+    "kv_push_failed": (
+        "KV pushes failed",
+        "vllm:kv_push_failed",
+        "D (push): KV loads failed because the push cannot come (P refused it, ended "
+        "it unwritten, or its permit lapsed or was revoked) or could not be guarded; "
+        "each once no WRITE of P could land; kv_load_failure_policy applied.",
+    ),
+    "kv_push_unguarded": (
+        "KV pushes unguarded",
+        "vllm:kv_push_unguarded",
+        "D (push): registrations sent to a P without the push guard (stock vLLM), "
+        "as stock vLLM sends them (kv_lease_require_verification off).",
+    ),
+    "kv_push_written": (
+        "KV push WRITEs",
+        "vllm:kv_push_written",
+        "P (push): guarded WRITEs that reached their end (completed or failed).",
+    ),
+    "kv_push_refused": (
+        "KV push registrations refused",
+        "vllm:kv_push_refused",
+        "P (push): registrations answered at once without a WRITE (P let the "
+        "request go, no clock sample of D, or D's deadline already past).",
+    ),
+    "kv_push_late_writes": (
+        "KV push WRITEs late",
+        "vllm:kv_push_late_writes",
+        "P (push): guarded WRITEs that ended more than kv_lease_push_write_bound after "
+        "P posted them. Past that bound D may have freed the blocks: raise the bound "
+        "above the transport's own give-up time (docs/push.md).",
+    ),
+    "kv_push_gate_closed": (
+        "KV push WRITEs not posted",
+        "vllm:kv_push_gate_closed",
+        "P (push): WRITEs the gate did not let through (revoked, or D's deadline too "
+        "close on P's clock); D was told, nothing was written.",
     ),
 }
 

@@ -1,0 +1,493 @@
+"""The worker side of ``KvLeaseNixlPushConnector``: vLLM's NIXL push worker
+with kvlease's push guard hooked in (docs/push.md).
+
+Owns: the overrides of vLLM's push worker and the hand-over between vLLM's
+state and the guard's two roles (``push_permits.DecodePushGuard`` on D,
+``push_writes.PrefillPushGuard`` on P; an engine with ``kv_both`` runs
+both). May not change what vLLM does for a push the guard does not cover:
+a ``PUSH_REG`` without a permit is vLLM's on P, and a P that does not
+advertise the guard gets vLLM's ``PUSH_REG`` from D (with
+``kv_lease_require_verification``, no registration and a failed load
+instead).
+
+D, per registration (vLLM's writer thread, ``_do_send_reg_notif``): a
+permit is taken and its field rides in the ``PUSH_REG`` dict
+(``kvlease_permit``). No permit to be had: nothing is sent and the load
+fails (``kv_load_failure_policy``): P never writes, so the blocks are safe
+to reuse. Per step (main thread): P's ``PEND:``/``PHB:`` and the fences end
+permits; a load whose permit ended any way but ``written`` fails now, when
+no WRITE of P can land; the scheduler's revocations (abort, watchdog) go to
+P as ``PRV:``.
+
+P, per registration (writer thread, ``_handle_push_reg_notif``): with a
+permit, P first needs a clock sample of that D (the clock reading of its
+own handshake back to D; until then the registration waits, and is put back
+once the handshake is done); then the registration is accepted (held until
+its WRITE) or refused (``PEND:R``: P let the request go). Right before the
+WRITE (``_xfer_blocks_for_req``), the gate; its end (``_pop_done_transfers``)
+is reported. Every drain of the writer: D's ``PRN:``/``PRV:`` in, ``PEND:``
+and ``PHB:`` out. A ticker wakes the writer every quarter heartbeat
+interval, because a P whose leases all ended steps no more, and vLLM's
+writer then sleeps until the next request.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import msgspec
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (
+    GET_META_MSG,
+    PUSH_REG_NOTIF_PREFIX,
+    NixlConnectorMetadata,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
+    NixlPushConnectorWorker,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.utils import get_base_request_id
+
+from . import handshake_adverts
+from .compat import check_vllm_version
+from .log_limit import RateLimitedLog
+from .metadata import STEP_ATTR, KvLeaseHandshakePayload
+from .push_notifs import TO_D, TO_P, NotifTap
+from .push_permits import GUARD_VERSION, PERMIT_KEY, DecodePushGuard, clock_is_shared
+from .push_writes import PrefillPushGuard
+from .settings import lease_settings, push_config
+from .stats import KvLeaseConnectorStats
+
+logger = logging.getLogger("vllm.kvlease.push")
+
+#: The key P keeps its handle under in a registration dict (never sent).
+_HANDLE_KEY = "_kvlease_handle"
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+class KvLeasePushWorker(NixlPushConnectorWorker):
+    """vLLM's NIXL push worker with kvlease's push guard (module docs)."""
+
+    # Class defaults: an instance that skipped __init__ is vLLM's worker.
+    _kvl_d: DecodePushGuard | None = None
+    _kvl_p: PrefillPushGuard | None = None
+    _kvl_tap: NotifTap | None = None
+    _kvl_require: bool = False
+    _kvl_log: RateLimitedLog = RateLimitedLog(logger)
+
+    def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
+        check_vllm_version()
+        super().__init__(vllm_config, engine_id, kv_cache_config)
+        settings = lease_settings(vllm_config, kv_cache_config)
+        if settings is None:
+            logger.info("kvlease: kv_lease_verification is false: vLLM's own push mode")
+            return
+        config = push_config(vllm_config, settings)
+        self.xfer_stats = KvLeaseConnectorStats()
+        self._kvl_log = RateLimitedLog(logger)
+        self._kvl_require = settings.config.require_verification
+        self._kvl_inbox: list[tuple[str, bytes]] = []
+        self._kvl_inbox_lock = threading.Lock()
+        self._kvl_sampler: ThreadPoolExecutor | None = None
+        if settings.consumer:
+            if clock_is_shared():
+                self._kvl_d = DecodePushGuard(config, settings.config.max_peers)
+            else:
+                logger.warning(
+                    "kvlease: perf_counter and monotonic are different clocks here: D "
+                    "cannot give P a clock sample, so its pushes are not guarded%s",
+                    " and fail" if self._kvl_require else "",
+                )
+        if settings.producer:
+            self._kvl_p = PrefillPushGuard(
+                config, settings.config.max_peers, hold_limit=config.duration
+            )
+            # P requests whose guarded WRITE may read P's blocks, and the
+            # releases held back for them (see _kvl_release).
+            self._kvl_release_lock = threading.Lock()
+            self._kvl_writing: set[str] = set()
+            self._kvl_held_back: set[str] = set()
+            self._kvl_done_back: set[str] = set()
+            self._kvl_released: dict[str, None] = {}
+        self._kvl_tap = NotifTap(self.nixl_wrapper, self._kvl_on_messages, self._kvl_on_drain)
+        self.nixl_wrapper = self._kvl_tap
+        self._kvl_stop = threading.Event()
+        if self._kvl_p is not None:
+            tick = max(0.05, config.heartbeat_interval / 4)
+            threading.Thread(
+                target=self._kvl_tick, args=(tick,), daemon=True, name="kvlease-push-tick"
+            ).start()
+        handshake_adverts.install(base_worker)
+        logger.info(
+            "kvlease: push guard on (%s%s; write bound %.1f s, %d registrations)",
+            "D permits" if self._kvl_d is not None else "",
+            (", " if self._kvl_d is not None else "") + "P gate" if self._kvl_p else "",
+            config.write_bound,
+            config.capacity,
+        )
+
+    # -- handshakes -----------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: Any) -> None:
+        super().register_kv_caches(kv_caches)
+        payload = self.xfer_handshake_metadata
+        if self._kvl_p is not None and payload is not None:
+            self.xfer_handshake_metadata = KvLeaseHandshakePayload(
+                compatibility_hash=payload.compatibility_hash,
+                agent_metadata_bytes=payload.agent_metadata_bytes,
+                kv_push_guard=GUARD_VERSION,
+            )
+
+    def _nixl_handshake(
+        self,
+        host: str,
+        port: int,
+        remote_tp_size: int,
+        expected_engine_id: str,
+        remote_dcp_size: int = 1,
+        remote_pp_size: int = 1,
+        notif_agents_only: bool = False,
+    ) -> tuple[dict[tuple[int, int], str], float]:
+        args = (host, port, remote_tp_size, expected_engine_id, remote_dcp_size,
+                remote_pp_size, notif_agents_only)
+        if self._kvl_tap is None:
+            return super()._nixl_handshake(*args)
+        with handshake_adverts.capturing() as (replies, rounds):
+            agents, offset = super()._nixl_handshake(*args)
+        names = list(agents.values())
+        d, p = self._kvl_d, self._kvl_p
+        if d is not None:
+            # What the P engine speaks: every rank D talks to must say so.
+            versions = [handshake_adverts.push_guard(r) for r in replies]
+            version = min(versions) if versions and len(versions) == len(agents) else 0
+            d.note_p(expected_engine_id, version)
+            d.peers.note_agents(expected_engine_id, names)
+            logger.info(
+                "kvlease: P engine %s %s", expected_engine_id,
+                f"speaks the push guard (v{version}): its pushes are guarded" if version
+                else ("does not speak the push guard: its pushes "
+                      + ("fail (kv_lease_require_verification)" if self._kvl_require
+                         else "are vLLM's own, unguarded")),
+            )
+        if p is not None and not notif_agents_only:
+            # P's handshake back to a D it writes to (D's own handshakes to
+            # P engines are notification-only): the clock sample of that D.
+            p.peers.note_agents(expected_engine_id, names)
+            p.note_address(expected_engine_id, host, port)
+            p.observe_clock(expected_engine_id, rounds, _now())
+        return agents, offset
+
+    # -- D: registrations (writer thread) ----------------------------------------
+
+    def _do_send_reg_notif(self, req_id: str, reg_data: dict[str, Any]) -> None:
+        d = self._kvl_d
+        if d is None or self._kvl_tap is None:
+            if self._kvl_tap is not None and self._kvl_require:
+                return self._kvl_unguardable(req_id, "D's clocks cannot be shared with P")
+            return super()._do_send_reg_notif(req_id, reg_data)
+        engine = reg_data.get("remote_engine_id")
+        why = None
+        if not isinstance(engine, str) or not d.p_speaks_guard(engine):
+            why = "P does not advertise kvlease's push guard"
+        elif reg_data.get("remote_tp_size") != self.world_size or reg_data.get("remote_pp_size", 1) != 1:
+            why = "the guard needs P's TP size equal to D's, and no pipeline parallelism"
+        if why is not None:
+            if self._kvl_require:
+                return self._kvl_unguardable(req_id, why)
+            d.counts.unguarded += 1
+            self._kvl_record("kv_push_unguarded")
+            return super()._do_send_reg_notif(req_id, reg_data)
+        permit = d.register(req_id, engine, _now())
+        if permit is None:
+            return self._kvl_unguardable(req_id, "no write permit (revoked, or none free)")
+        self._kvl_record("kv_push_permits")
+        with self._handshake_lock:
+            reachable = bool(self._remote_agents.get(engine))
+        super()._do_send_reg_notif(req_id, {**reg_data, PERMIT_KEY: permit})
+        if not reachable:
+            d.forget(req_id)  # vLLM failed the load: nothing was sent
+
+    def _kvl_unguardable(self, req_id: str, why: str) -> None:
+        """Nothing goes to P, so P never writes: the load fails at once."""
+        if self._kvl_d is not None:
+            self._kvl_d.counts.unguardable += 1
+            self._kvl_d.forget(req_id)
+        self._kvl_record("kv_push_failed")
+        self._kvl_log.warning(
+            "unguardable",
+            "kvlease: push of request %s not registered (%s): its KV load fails, "
+            "kv_load_failure_policy applies",
+            req_id,
+            why,
+        )
+        self._failed_recv_reqs.put(req_id)
+
+    # -- P: registrations and WRITEs (writer thread) -----------------------------
+
+    def _handle_push_reg_notif(self, notif: bytes) -> None:
+        p = self._kvl_p
+        if p is None:
+            return super()._handle_push_reg_notif(notif)
+        try:
+            reg = msgspec.msgpack.decode(notif[len(PUSH_REG_NOTIF_PREFIX):])
+        except Exception:
+            reg = None
+        permit = reg.get(PERMIT_KEY) if isinstance(reg, dict) else None
+        if permit is None:
+            return super()._handle_push_reg_notif(notif)  # a stock D: vLLM's
+        rid, engine = reg.get("request_id"), reg.get("decode_engine_id")
+        if not (isinstance(rid, str) and isinstance(engine, str) and isinstance(permit, str)):
+            p.counts.dropped += 1
+            return
+        if not p.has_clock(engine):
+            fut = self._kvl_handshake_back(reg)
+            if fut is not None:
+                p.counts.deferred += 1
+                fut.add_done_callback(lambda f, n=notif: self._kvl_replay(f, n))
+                return
+        base = get_base_request_id(rid)
+        match = None if p.is_gone(base) else self._pop_matching_finished_blocks(rid)
+        live = match is not None or not p.is_gone(base)
+        handle, refusal = p.register(engine, permit, rid, base, live, _now())
+        logger.debug("kvlease: registration %s from D %s: %s (matched %s)", rid, engine,
+                     refusal or "accepted", match is not None)
+        if handle is None:
+            if match is not None:
+                self._push_finished_blocks[match[0]] = match[1]  # P's lease runs on
+            if refusal not in ("malformed", "no_peer", "exhausted"):
+                self._kvl_record("kv_push_refused")
+                self._push_writer_wake.set()  # the answer goes out at the next drain
+            return
+        reg[_HANDLE_KEY] = handle
+        if match is None:
+            self._pending_d_registrations[rid] = reg
+        else:
+            self._do_start_push_kv(match[0], match[1], reg)
+
+    def _kvl_handshake_back(self, reg: dict[str, Any]) -> Future | None:
+        try:
+            return self._ensure_handshake(
+                reg["decode_engine_id"], reg["decode_host"], reg["decode_port"],
+                reg["decode_tp_size"],
+            )
+        except Exception as e:  # a malformed registration: D's fence ends it
+            self._kvl_log.warning("handshake_back", "kvlease: no handshake to D: %s", e)
+            return None
+
+    def _kvl_replay(self, fut: Future, notif: bytes) -> None:
+        if fut.exception() is not None:
+            # No way to D at all: nothing can answer it; D's fence ends it.
+            if self._kvl_p is not None:
+                self._kvl_p.counts.dropped += 1
+            return
+        if self._kvl_tap is not None:
+            self._kvl_tap.replay(notif)
+        self._push_writer_wake.set()
+
+    def _do_start_push_kv(self, request_id: str, local_block_ids: Any,
+                          registration_data: dict[str, Any]) -> None:
+        p = self._kvl_p
+        handle = registration_data.get(_HANDLE_KEY)
+        if p is not None and handle is not None:
+            p.bind(request_id, registration_data["request_id"], handle)
+        super()._do_start_push_kv(request_id, local_block_ids, registration_data)
+
+    def _xfer_blocks_for_req(self, req_id: str, meta: Any) -> None:
+        p = self._kvl_p
+        if p is None or not p.is_bound(req_id):
+            return super()._xfer_blocks_for_req(req_id, meta)
+        # P's own lease first: once it expired, P's blocks may hold another
+        # request's KV already (vLLM posts such a WRITE; vllm#55470). The
+        # main thread holds a release back while a guarded WRITE flies
+        # (get_transfer_results), so the check stays true until write_done.
+        holds = self._kvl_holds(req_id)
+        if not (holds and p.begin_write(req_id, meta.remote.engine_id, _now())):
+            if holds:
+                self._kvl_write_ended(req_id)
+            else:
+                p.end_unposted(req_id)
+            logger.debug("kvlease: gate closed for the WRITE of %s", req_id)
+            self._kvl_record("kv_push_gate_closed")
+            self._push_writer_wake.set()
+            return
+        try:
+            super()._xfer_blocks_for_req(req_id, meta)
+        finally:
+            with self._sending_transfers_lock:
+                posted = bool(self._sending_transfers.get(req_id))
+            if not posted:
+                p.write_failed({req_id})
+                p.write_done(req_id, _now())
+                self._kvl_write_ended(req_id)
+
+    # -- both: the writer's drains -------------------------------------------------
+
+    def _kvl_holds(self, req_id: str) -> bool:
+        """Whether P still holds the blocks of its request ``req_id``
+        (vLLM's lease of it has not expired)."""
+        with self._kvl_release_lock:
+            if req_id in self._kvl_released:
+                return False
+            self._kvl_writing.add(req_id)
+            return True
+
+    def _kvl_on_messages(self, msgs: list[tuple[str, bytes]]) -> None:
+        to_p = [m for m in msgs if m[1].startswith(TO_P)]
+        if to_p and self._kvl_p is not None:
+            self._kvl_p.on_messages(to_p)
+        to_d = [m for m in msgs if m[1].startswith(TO_D)]
+        if to_d and self._kvl_d is not None:
+            with self._kvl_inbox_lock:
+                self._kvl_inbox.extend(to_d)
+
+    def _kvl_on_drain(self) -> None:
+        p = self._kvl_p
+        if p is None:
+            return
+        now = _now()
+        sends = p.poll(now)
+        if sends:
+            logger.debug("kvlease: P sends %s", [(e, m[:12]) for e, m in sends])
+        self._kvl_send(sends)
+        for engine, host, port in p.due_resamples(now):
+            self._kvl_resample(engine, host, port)
+
+    def _kvl_tick(self, period: float) -> None:
+        while not self._kvl_stop.wait(period):
+            self._push_writer_wake.set()
+
+    def _kvl_resample(self, engine: str, host: str, port: int) -> None:
+        """Asks D's side channel once more (vLLM's query), for its clock."""
+        if self._kvl_sampler is None:
+            self._kvl_sampler = ThreadPoolExecutor(1, thread_name_prefix="kvlease-clock")
+        p = self._kvl_p
+
+        def sample() -> None:
+            rounds = handshake_adverts.clock_rounds(host, port, base_worker, GET_META_MSG)
+            if p is not None and rounds:
+                p.observe_clock(engine, rounds, _now())
+
+        self._kvl_sampler.submit(sample)
+
+    def _kvl_send(self, sends: list[tuple[str, bytes]]) -> None:
+        for engine, msg in sends:
+            with self._handshake_lock:
+                agents = list((self._remote_agents.get(engine) or {}).values())
+            for agent in agents:
+                try:
+                    self.nixl_wrapper.send_notif(agent, notif_msg=msg)
+                except Exception as e:
+                    self.xfer_stats.record_failed_notification()
+                    self._kvl_log.warning(
+                        "push_notif_failed", "kvlease: push notification to %s failed: %s",
+                        agent, e,
+                    )
+
+    # -- every step (main thread) --------------------------------------------------
+
+    def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
+        d = self._kvl_d
+        step = getattr(metadata, STEP_ATTR, None)
+        if d is not None and step is not None:
+            for rid in getattr(step, "push_revokes", ()):
+                d.revoke(rid)
+        super().start_load_kv(metadata)
+
+    def get_transfer_results(self) -> KVConnectorTransferResults:
+        d = self._kvl_d
+        if d is not None:
+            now = _now()
+            with self._kvl_inbox_lock:
+                msgs, self._kvl_inbox = self._kvl_inbox, []
+            ended = d.on_messages(msgs, now) if msgs else []
+            if msgs:
+                logger.debug("kvlease: D got %s -> %s", [(a, m[:12]) for a, m in msgs], ended)
+            sends, fenced = d.poll(now)
+            self._kvl_send(sends)
+            for rid, end in ended + fenced:
+                if rid not in self._recving_metadata:
+                    continue  # reported already (vLLM's failure path)
+                self._kvl_record("kv_push_failed")
+                self._kvl_log.warning(
+                    "push_failed",
+                    "kvlease: push of request %s ended %s: no WRITE of P can land any "
+                    "more; its KV load fails, kv_load_failure_policy applies",
+                    rid,
+                    end,
+                )
+                self._failed_recv_reqs.put(rid)
+        results = super().get_transfer_results()
+        if d is not None:
+            for rid in results.finished_recving:
+                d.received(rid)
+        p = self._kvl_p
+        if p is not None:
+            self._kvl_release(results)
+        return results
+
+    def _kvl_release(self, results: KVConnectorTransferResults) -> None:
+        """P's blocks go back to vLLM (``finished_sending``) only when no
+        guarded WRITE reads them: an expiry that comes while one flies is
+        held back until it ended (``_pop_done_transfers``)."""
+        p = self._kvl_p
+        assert p is not None
+        with self._kvl_release_lock:
+            for rid in list(results.finished_sending):
+                if rid in self._kvl_writing:
+                    results.finished_sending.discard(rid)
+                    self._kvl_held_back.add(rid)
+                else:
+                    self._kvl_released[rid] = None
+            results.finished_sending.update(self._kvl_done_back)
+            for rid in self._kvl_done_back:
+                self._kvl_released[rid] = None
+            self._kvl_done_back.clear()
+            while len(self._kvl_released) > 4096:
+                del self._kvl_released[next(iter(self._kvl_released))]
+        for rid in results.finished_sending:
+            p.let_go(rid, get_base_request_id(rid))
+        late = p.take_late_writes()
+        if late:
+            self._kvl_record("kv_push_late_writes", late)
+        if results.finished_sending:
+            self._push_writer_wake.set()
+
+    def _pop_done_transfers(self, transfers: Any) -> tuple[set[str], set[str]]:
+        done, failed = super()._pop_done_transfers(transfers)
+        p = self._kvl_p
+        if p is not None and transfers is self._sending_transfers and (done or failed):
+            now = _now()
+            p.write_failed(failed)
+            for rid in done:
+                if p.write_done(rid, now):
+                    self._kvl_record("kv_push_written")
+                self._kvl_write_ended(rid)
+            self._push_writer_wake.set()
+        return done, failed
+
+    def _kvl_write_ended(self, rid: str) -> None:
+        with self._kvl_release_lock:
+            self._kvl_writing.discard(rid)
+            if rid in self._kvl_held_back:
+                self._kvl_held_back.discard(rid)
+                self._kvl_done_back.add(rid)
+
+    def _kvl_record(self, key: str, count: int = 1) -> None:
+        stats = self.xfer_stats
+        if isinstance(stats, KvLeaseConnectorStats):
+            stats.record_lease(key, count)
+
+    def shutdown(self) -> None:
+        stop = getattr(self, "_kvl_stop", None)
+        if stop is not None:
+            stop.set()
+        if getattr(self, "_kvl_sampler", None) is not None:
+            self._kvl_sampler.shutdown(wait=False)
+        super().shutdown()

@@ -1,0 +1,267 @@
+"""P's side of push mode's guard in vLLM: the registrations a P worker
+accepted, the gate in front of each WRITE, and P's view of each D's clock.
+
+Owns: ``kvlease.PushWrites`` (the Rust role: registrations, the gate,
+``PEND:``/``PHB:`` out, ``PRN:``/``PRV:`` in) and one
+``kvlease.ClockEstimate`` per D engine, behind one lock; which P request
+each WRITE belongs to; the P requests P let go (by vLLM's base request id,
+the key vLLM matches registrations by); and the limit on how long P holds a
+registration it has not written. May not touch vLLM's state or NIXL:
+``push_worker.py`` posts, sends and reports.
+
+The rules it keeps (docs/push.md):
+
+- A registration that reaches P after P let its request go is refused at
+  once (``PEND:R``), so D does not wait for a deadline.
+- A WRITE is posted only through the gate: D's deadline, translated onto
+  P's clock by the estimate and moved earlier by its error bound and
+  ``post_margin``, is still ahead. No estimate of that D: no WRITE.
+- A registration P holds but does not write within ``hold_limit`` (its
+  request never came, P's handshake back to D failed) is ended (``PEND:X``):
+  P's heartbeats would otherwise keep D waiting for good.
+
+Threads: vLLM's ``nixl-push-writer`` registers, gates and polls; the engine's
+main thread reports finished WRITEs and the requests P let go. Clock:
+``time.monotonic()``, the clock the handshake's stamps are on
+(``handshake_adverts.ClockRound``).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from .._native import ClockEstimate, PushConfig, PushWrites
+from ..errors import KvLeaseError
+from .push_notifs import PeerNames
+
+#: How many let-go request ids P remembers (a registration later than that
+#: finds nothing and is held until ``hold_limit``, then ended: bounded too).
+GONE_MEMORY = 65536
+#: Re-sample a D's clock once the estimate is this old (s): at the
+#: estimator's 100 ppm the bound grows 6 ms a minute.
+CLOCK_RESAMPLE_S = 60.0
+
+
+@dataclass
+class WriteCounts:
+    """What P's guard did beyond the Rust role's counters."""
+
+    #: Registrations deferred until P had a clock sample of their D.
+    deferred: int = 0
+    #: Registrations dropped: malformed field, no peer id, no handshake.
+    dropped: int = 0
+    #: Held registrations ended at ``hold_limit``.
+    held_too_long: int = 0
+
+
+class PrefillPushGuard:
+    """One P worker's registrations (see the module docs)."""
+
+    def __init__(self, config: PushConfig, max_peers: int, hold_limit: float) -> None:
+        self.config = config
+        self.hold_limit = hold_limit
+        self._writes = PushWrites(config, random.getrandbits(64))
+        self._lock = threading.Lock()
+        self.peers = PeerNames(max_peers)
+        self._clocks: dict[int, ClockEstimate] = {}
+        self._sampled_at: dict[str, float] = {}
+        self._addresses: dict[str, tuple[str, int]] = {}
+        #: Accepted, not yet posted: D request id -> (handle, base id, since).
+        self._held: OrderedDict[str, tuple[Any, str, float]] = OrderedDict()
+        #: P request id -> (handle, D request id), from the match to the end
+        #: of its WRITE.
+        self._bound: dict[str, tuple[Any, str]] = {}
+        self._failed: set[str] = set()
+        self._gone: OrderedDict[str, None] = OrderedDict()
+        self._late_seen = 0
+        self.counts = WriteCounts()
+
+    # -- clocks (handshake threads) ----------------------------------------------
+
+    def observe_clock(self, d_engine: str, rounds: list, now: float) -> None:
+        """Folds the clock rounds of a handshake with ``d_engine`` into P's
+        estimate of its clock."""
+        with self._lock:
+            peer = self.peers.id_of(d_engine)
+            if peer is None:
+                return
+            clock = self._clocks.get(peer)
+            if clock is None:
+                clock = self._clocks[peer] = ClockEstimate(self.config.drift_ppm)
+            for r in rounds:
+                if r.remote is not None and clock.observe(r.sent, r.remote, r.received) != "refused":
+                    self._sampled_at[d_engine] = now
+
+    def has_clock(self, d_engine: str) -> bool:
+        with self._lock:
+            peer = self.peers.id_of(d_engine)
+            clock = self._clocks.get(peer) if peer is not None else None
+            return clock is not None and clock.has_sample
+
+    def note_address(self, d_engine: str, host: str, port: int) -> None:
+        self._addresses[d_engine] = (host, port)
+
+    def due_resamples(self, now: float) -> list[tuple[str, str, int]]:
+        """``(D engine, host, port)`` whose estimate is older than
+        :data:`CLOCK_RESAMPLE_S`; each is marked sampled now (one try per
+        period)."""
+        due = []
+        for engine, at in list(self._sampled_at.items()):
+            if now - at >= CLOCK_RESAMPLE_S and engine in self._addresses:
+                self._sampled_at[engine] = now
+                due.append((engine, *self._addresses[engine]))
+        return due
+
+    # -- registrations (writer thread) -------------------------------------------
+
+    def is_gone(self, base_id: str) -> bool:
+        return base_id in self._gone
+
+    def register(
+        self, d_engine: str, permit: str, rid: str, base_id: str, live: bool, now: float
+    ) -> tuple[Any, str | None]:
+        """``(handle, None)``: accepted, held until its WRITE; ``(None,
+        reason)``: refused (``PEND:R`` goes out at the next poll, except for
+        ``exhausted``), or dropped (``malformed``, ``no_peer``: D's fence
+        ends it)."""
+        with self._lock:
+            peer = self.peers.id_of(d_engine)
+            if peer is None:
+                self.counts.dropped += 1
+                return None, "no_peer"
+            clock = self._clocks.get(peer) or ClockEstimate(self.config.drift_ppm)
+            try:
+                handle, refusal = self._writes.register(
+                    peer, permit.encode("ascii"), live, clock, now
+                )
+            except (KvLeaseError, UnicodeEncodeError):
+                self.counts.dropped += 1
+                return None, "malformed"
+            if handle is not None:
+                self._held[rid] = (handle, base_id, now)
+            return handle, refusal
+
+    def bind(self, p_rid: str, d_rid: str, handle: Any) -> None:
+        """P matched the held registration of ``d_rid`` with its finished
+        request ``p_rid``."""
+        with self._lock:
+            self._bound[p_rid] = (handle, d_rid)
+
+    def is_bound(self, p_rid: str) -> bool:
+        return p_rid in self._bound
+
+    def begin_write(self, p_rid: str, d_engine: str, now: float) -> bool:
+        """Right before P posts the WRITE of ``p_rid``: whether it may."""
+        with self._lock:
+            bound = self._bound.get(p_rid)
+            peer = self.peers.id_of(d_engine)
+            clock = self._clocks.get(peer) if peer is not None else None
+            if bound is None or clock is None:
+                self._bound.pop(p_rid, None)
+                return False
+            handle, d_rid = bound
+            held = self._held.get(d_rid)
+            if held is not None and held[0] == handle:
+                del self._held[d_rid]
+            if self._writes.begin_write(handle, clock, now) is not None:
+                self._bound.pop(p_rid, None)
+                return False
+            return True
+
+    def end_unposted(self, p_rid: str) -> None:
+        """P will not post the WRITE of ``p_rid`` (it no longer holds the
+        blocks): the registration ends (``PEND:X``)."""
+        with self._lock:
+            bound = self._bound.pop(p_rid, None)
+            if bound is None:
+                return
+            handle, d_rid = bound
+            held = self._held.get(d_rid)
+            if held is not None and held[0] == handle:
+                del self._held[d_rid]
+            self._writes.cancel(handle)
+
+    def take_late_writes(self) -> int:
+        """WRITEs that ended more than ``write_bound`` after they were let
+        through, since the last call (the operator must hear of each: past
+        the bound, D may have freed the blocks)."""
+        with self._lock:
+            total = int(self._writes.counters()["late_writes"])
+        new, self._late_seen = total - self._late_seen, total
+        return new
+
+    def poll(self, now: float) -> list[tuple[str, bytes]]:
+        """``(D engine, message)`` to send: answers, and heartbeats for the
+        registrations P holds. Ends those held past ``hold_limit`` first."""
+        with self._lock:
+            while self._held:
+                rid, (handle, _base, since) = next(iter(self._held.items()))
+                if now - since < self.hold_limit:
+                    break
+                del self._held[rid]
+                if self._writes.cancel(handle):
+                    self.counts.held_too_long += 1
+            clocks = dict(self._clocks)
+            out = []
+            for peer, msg in self._writes.poll(clocks, now):
+                engine = self.peers.engine(peer)
+                if engine is not None:
+                    out.append((engine, msg))
+            return out
+
+    def on_messages(self, msgs: list[tuple[str, bytes]]) -> None:
+        """``PRN:``/``PRV:`` from D agents."""
+        with self._lock:
+            for agent, msg in msgs:
+                engine = self.peers.engine_of_agent(agent)
+                peer = self.peers.id_of(engine) if engine is not None else None
+                if peer is None:
+                    continue
+                try:
+                    self._writes.on_message(peer, msg)
+                except KvLeaseError:
+                    pass  # counted by the role (malformed); nothing changed
+
+    # -- the main thread ----------------------------------------------------------
+
+    def write_failed(self, p_rids: set[str]) -> None:
+        with self._lock:
+            self._failed.update(r for r in p_rids if r in self._bound)
+
+    def write_done(self, p_rid: str, now: float) -> bool:
+        """Every WRITE of ``p_rid`` reached its terminal state (failed ones
+        were reported to :meth:`write_failed` first). Whether it was ours."""
+        with self._lock:
+            bound = self._bound.pop(p_rid, None)
+            failed = p_rid in self._failed
+            self._failed.discard(p_rid)
+            if bound is None:
+                return False
+            self._writes.write_done(bound[0], not failed, now)
+            return True
+
+    def let_go(self, p_rid: str, base_id: str) -> None:
+        """P freed the blocks of ``p_rid`` (WRITE done, or its lease
+        expired): later registrations for it are refused, held ones end."""
+        with self._lock:
+            self._gone[base_id] = None
+            self._gone.move_to_end(base_id)
+            while len(self._gone) > GONE_MEMORY:
+                self._gone.popitem(last=False)
+            for rid, (handle, base, _since) in list(self._held.items()):
+                if base == base_id:
+                    del self._held[rid]
+                    self._writes.cancel(handle)
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._writes.counters())
+
+    @property
+    def held(self) -> int:
+        with self._lock:
+            return self._writes.held
