@@ -828,7 +828,10 @@ def test_push_late_registration_stock_hangs_kvlease_recomputes(fleet, sets, reco
     assert stock["hangs"] >= 1 and stock["d_usage_end"] > 0, (
         f"the stock control showed no hang and no leak: the case tested nothing ({stock})")
     assert kv["texts_equal"] == kv["requests"] and kv["hangs"] == 0, kv
-    assert kv["refused"] >= 1 and kv["push_failed"] >= 1, kv
+    # Each failed at P's answer (R) or, when P's stalled writer read it only
+    # after D's fence, at the fence: either way a recompute, never a wait.
+    # ("refused" is P's counter, which reaches /metrics with P's next step.)
+    assert kv["push_failed"] >= 1, kv
     assert kv["d_usage_end"] == 0, kv
 
 
@@ -913,9 +916,11 @@ def test_push_p_killed_with_registrations_outstanding(fleet, sets, record):
         f = push_figures(patient, ref)
         f["aborted"] = len(answers) - len(patient)
         # The fence: the permit's term after D registered, plus the write
-        # bound (a step's slack on top).
+        # bound; on top, D's registration step after the kill and the step
+        # that reads the fence (a fresh engine on 2 cores stalls for
+        # seconds), and the metric's 0.5 s poll.
         f["pushes_ended_s"] = ended_s
-        f["bound_s"] = PUSH_FENCE + 3
+        f["bound_s"] = PUSH_FENCE + 8
         f["d_usage_back_s"] = back
         f.update(d_leak(fleet.running[PAIRS[c][1]], settle_s=0))
         figures[c] = f

@@ -73,7 +73,10 @@ class PrefillPushGuard:
         #: Accepted, not yet posted: D request id -> (handle, base id, since).
         self._held: OrderedDict[str, tuple[Any, str, float]] = OrderedDict()
         #: P request id -> (handle, D request id), from the match to the end
-        #: of its WRITE.
+        #: of its WRITE (or to the gate's refusal). Kept while a match waits
+        #: for P's handshake back to D: a WRITE posted after that must meet
+        #: the gate, never vLLM's unguarded path. (A handshake that fails
+        #: leaves its entry: one per failed handshake.)
         self._bound: dict[str, tuple[Any, str]] = {}
         self._failed: set[str] = set()
         self._gone: OrderedDict[str, None] = OrderedDict()
