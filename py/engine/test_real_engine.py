@@ -866,7 +866,9 @@ def test_push_mixed_fleets_get_stock_behaviour(fleet, sets, record):
 
 def test_push_p_killed_with_registrations_outstanding(fleet, sets, record):
     """P answers the prefills, then dies (SIGKILL), and the D legs come. Two
-    of them are patient, two give up after 8 s (D aborts them while it waits).
+    of them are patient (two minutes: the fence, then a recompute on a D
+    that stalls for tens of seconds at a time on 2 cores), two give up after
+    8 s (D aborts them while it waits).
     Stock: every D leg hangs, and D keeps the blocks. kvlease: no WRITE can
     come, so D frees at the fence (the permit's 12 s plus the 10 s write
     bound after it registered): the patient two are recomputed (texts equal
@@ -884,7 +886,7 @@ def test_push_p_killed_with_registrations_outstanding(fleet, sets, record):
             tasks = [asyncio.create_task(workload.complete_push(
                 session, p.url, d.url, pr, request_id=f"pk-{c}-{i}-{random.getrandbits(24):06x}",
                 max_tokens=ps.max_tokens, before_d=go,
-                timeout_s=8 if i % 2 else PUSH_PATIENCE))
+                timeout_s=8 if i % 2 else 2 * PUSH_PATIENCE))
                 for i, pr in enumerate(ps.prompts)]
             for _ in range(240):
                 if p.metric("vllm:request_success_total") - answered >= len(ps.prompts):

@@ -163,10 +163,11 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
             agents, offset = super()._nixl_handshake(*args)
         names = list(agents.values())
         d, p = self._kvl_d, self._kvl_p
-        if d is not None and notif_agents_only:
-            # D's handshakes to a P engine (for its registrations and
-            # heartbeats) are notification-only in push mode. What the P
-            # engine speaks: every rank D talks to must say so.
+        if d is not None:
+            # What the P engine speaks: every rank D talks to must say so.
+            # Any handshake: D's first one with a P engine may be vLLM's
+            # heartbeat handshake, which is a full one in 0.32-0.34 (only
+            # PUSH_REG's is notification-only), and later ones are skipped.
             versions = [handshake_adverts.push_guard(r) for r in replies]
             version = min(versions) if versions and len(versions) == len(agents) else 0
             d.note_p(expected_engine_id, version)
