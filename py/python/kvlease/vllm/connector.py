@@ -30,11 +30,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
 from .compat import check_vllm_version
 from .composition import refuse_multi_connector_on_p
 from .scheduler import KvLeaseScheduler
-from .stats import KvLeaseConnectorStats, KvLeasePromMetrics
+from .stats import KvLeaseStatsHooks
 from .worker import KvLeaseWorker
 
 
-class KvLeaseNixlConnector(NixlPullConnector):
+class KvLeaseNixlConnector(KvLeaseStatsHooks, NixlPullConnector):
     """vLLM's NIXL pull connector with verified KV loads. Configure it with
     ``{"kv_connector": "KvLeaseNixlConnector", "kv_connector_module_path":
     "kvlease.vllm"}`` (see ``docs/vllm.md``)."""
@@ -71,10 +71,3 @@ class KvLeaseNixlConnector(NixlPullConnector):
             return scheduler.kvl_take_stats()
         return None
 
-    @classmethod
-    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats:
-        return KvLeaseConnectorStats(data=data) if data is not None else KvLeaseConnectorStats()
-
-    @classmethod
-    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
-        return KvLeasePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
     NixlBaseConnector,
     NixlPushConnector,
@@ -25,10 +24,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
 from .compat import check_vllm_version
 from .push_scheduler import KvLeasePushScheduler
 from .push_worker import KvLeasePushWorker
-from .stats import KvLeaseConnectorStats, KvLeasePromMetrics
+from .stats import KvLeaseStatsHooks
 
 
-class KvLeaseNixlPushConnector(NixlPushConnector):
+class KvLeaseNixlPushConnector(KvLeaseStatsHooks, NixlPushConnector):
     """vLLM's NIXL push connector with kvlease's write permits: D never waits
     for good on a push that cannot come, and never frees blocks a WRITE of P
     can still land in. Configure it with ``{"kv_connector":
@@ -54,10 +53,3 @@ class KvLeaseNixlPushConnector(NixlPushConnector):
         else:
             raise ValueError(f"Unsupported KVConnectorRole: {role}")
 
-    @classmethod
-    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats:
-        return KvLeaseConnectorStats(data=data) if data is not None else KvLeaseConnectorStats()
-
-    @classmethod
-    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
-        return KvLeasePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)

@@ -186,3 +186,16 @@ class KvLeasePromMetrics(NixlPromMetrics):
         for key, counter in self.kv_lease_counters.items():
             for n in transfer_stats_data.get(key, ()):
                 counter[engine_idx].inc(n)
+
+
+class KvLeaseStatsHooks:
+    """The connector-level hooks that hand vLLM kvlease's stats and metrics
+    classes; both connectors (pull and push) inherit them."""
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats:
+        return KvLeaseConnectorStats(data=data) if data is not None else KvLeaseConnectorStats()
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return KvLeasePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
