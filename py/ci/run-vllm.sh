@@ -12,8 +12,10 @@
 #             fetches them) and in the installed vLLM
 #             (py/tests/vllm/test_private_names.py), and the end-to-end cases
 #             in processes with real NIXL agents over UCX shm and tcp
-#             (py/tests/vllm/test_e2e.py; figures to .vllm-tests/results)
-#   vllm033   the plugin's unit tests again (py/tests/vllm but test_e2e.py),
+#             (py/tests/vllm/test_e2e.py), push mode beside stock over tcp
+#             (py/tests/vllm/test_e2e_push.py); figures to .vllm-tests/results
+#   vllm033   the plugin's unit tests again (py/tests/vllm but the end-to-end
+#             files),
 #             with vLLM 0.33.0's Python sources from its sdist first on
 #             PYTHONPATH, over this venv's 0.34 dependency closure
 #   upstream  vLLM 0.34.0's test_nixl_heartbeat.py and test_nixl_connector.py,
@@ -88,7 +90,8 @@ if want vllm033; then
         && PYTHONPATH="${KVLEASE_VLLM_TREE}" VLLM_TESTS_DIR="${KVLEASE_VLLM_TREE}" \
         "$VLLM_ENV_PYTHON" -m pytest -q -p no:cacheprovider -rfEsxX --timeout=900 \
         --junitxml="${results}/py-tests-vllm033.xml" tests/vllm \
-        --ignore=tests/vllm/test_e2e.py -k 'not test_in_sdist')
+        --ignore=tests/vllm/test_e2e.py --ignore=tests/vllm/test_e2e_push.py \
+        -k 'not test_in_sdist')
     end vllm033
 fi
 

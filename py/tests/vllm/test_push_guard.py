@@ -105,6 +105,28 @@ def test_d_aborts_while_the_write_flies_and_frees_only_after_it_ended():
     assert x.failed == [("req-d", "revoked")]
 
 
+def test_a_registration_delivered_twice_is_held_once():
+    """The wire doubled D's PUSH_REG: the second copy is a ``duplicate``,
+    not a second registration for vLLM's table (a real-NIXL case found one
+    parked there for good), and after the WRITE it changes nothing."""
+    x = Link()
+    permit = x.d.register("req-e", P_ENGINE, 1.0 + SKEW)
+    handle, refusal = x.p.register(D_ENGINE, permit, "req-e", "req-e", True, 1.0)
+    assert refusal is None
+    assert x.p.register(D_ENGINE, permit, "req-e", "req-e", True, 1.01) == (None, "duplicate")
+    x.p.bind("p-req-e", "req-e", handle)
+    assert x.p.begin_write("p-req-e", D_ENGINE, 1.1)
+    assert x.p.register(D_ENGINE, permit, "req-e", "req-e", True, 1.2) == (None, "duplicate")
+    assert x.p.write_done("p-req-e", 1.3)
+    x.d.received("req-e")
+    _, again = x.p.register(D_ENGINE, permit, "req-e", "req-e", True, 1.4)
+    assert again not in (None, "duplicate"), "an ended registration is answered again"
+    for t in (1.5, 30.0):
+        x.step(t)
+    assert x.failed == [] and x.d.counts.written == 1 and x.d.live == 0
+    assert x.p.counters()["duplicates"] == 3 and x.p.counters()["posted"] == 1
+
+
 def test_p_holds_an_unmatched_registration_alive_then_ends_it_at_its_hold_limit():
     x = Link()
     x.register("req-e", 1.0)

@@ -264,8 +264,9 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         if handle is None:
             if match is not None:
                 self._push_finished_blocks[match[0]] = match[1]  # P's lease runs on
-            if refusal not in ("malformed", "no_peer", "exhausted"):
-                self._kvl_record("kv_push_refused")
+            if refusal not in ("malformed", "no_peer", "exhausted", "duplicate"):
+                if refusal != "already_ended":  # a copy of one answered: answered again
+                    self._kvl_record("kv_push_refused")
                 self._push_writer_wake.set()  # the answer goes out at the next drain
             return
         reg[_HANDLE_KEY] = handle

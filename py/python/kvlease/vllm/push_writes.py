@@ -129,14 +129,15 @@ class PrefillPushGuard:
     ) -> tuple[Any, str | None]:
         """``(handle, None)``: accepted, held until its WRITE; ``(None,
         reason)``: refused (``PEND:R`` goes out at the next poll, except for
-        ``exhausted``), or dropped (``malformed``, ``no_peer``: D's fence
-        ends it)."""
+        ``exhausted``), dropped (``malformed``, ``no_peer``: D's fence ends
+        it), or ``duplicate``: one P holds already, nothing to do."""
         with self._lock:
             peer = self.peers.id_of(d_engine)
             if peer is None:
                 self.counts.dropped += 1
                 return None, "no_peer"
             clock = self._clocks.get(peer) or ClockEstimate(self.config.drift_ppm)
+            seen = self._writes.counters()["duplicates"]
             try:
                 handle, refusal = self._writes.register(
                     peer, permit.encode("ascii"), live, clock, now
@@ -145,6 +146,10 @@ class PrefillPushGuard:
                 self.counts.dropped += 1
                 return None, "malformed"
             if handle is not None:
+                if self._writes.counters()["duplicates"] != seen:
+                    # A registration P holds already (the wire delivered it
+                    # twice): the first one's WRITE, or its end, answers both.
+                    return None, "duplicate"
                 self._held[rid] = (handle, base_id, now)
             return handle, refusal
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -122,7 +123,9 @@ class EngineSpec:
 
     name: str
     role: str  # "P" or "D"
-    #: "kvlease" (KvLeaseNixlConnector from kvlease.vllm) or "stock" (NixlConnector)
+    #: "kvlease" (KvLeaseNixlConnector from kvlease.vllm) or "stock"
+    #: (NixlConnector); push mode: "kvlease-push" (KvLeaseNixlPushConnector)
+    #: or "stock-push" (NixlPushConnector)
     connector: str = "kvlease"
     tp: int = 1
     num_blocks: int = 64
@@ -148,14 +151,20 @@ class EngineSpec:
         }
         if self.role == "D":
             cfg["kv_load_failure_policy"] = "recompute"
-        if self.connector == "kvlease":
-            cfg["kv_connector"] = "KvLeaseNixlConnector"
+        names = {
+            "kvlease": "KvLeaseNixlConnector", "stock": "NixlConnector",
+            "kvlease-push": "KvLeaseNixlPushConnector", "stock-push": "NixlPushConnector",
+        }
+        cfg["kv_connector"] = names[self.connector]
+        if self.connector.startswith("kvlease"):
             cfg["kv_connector_module_path"] = "kvlease.vllm"
             if not self.verification:
                 extra["kv_lease_verification"] = False
-        else:
-            cfg["kv_connector"] = "NixlConnector"
         return cfg
+
+    @property
+    def push(self) -> bool:
+        return self.connector.endswith("-push")
 
 
 @dataclass
@@ -217,7 +226,10 @@ class Engine:
         # the test process needs both cores for two engines' loops.
         with contextlib.suppress(AttributeError, OSError):
             os.sched_setaffinity(0, range(os.cpu_count() or 1))
-        if spec.role == "P":
+        # vLLM's engine core starts every engine's handshake listener; the
+        # pull tests need P's only, push mode D's too (P handshakes back to
+        # D before its WRITE).
+        if spec.role == "P" or spec.push:
             self.connector.set_xfer_handshake_metadata_pp_aware(
                 {(0, r): w.get_handshake_metadata() for r, w in enumerate(self.workers)}
             )
@@ -264,11 +276,20 @@ class Engine:
 
     # -- requests -----------------------------------------------------------------
 
+    def _push_id(self, key: int) -> str:
+        """Push mode: P matches D's registration by the request id with
+        vLLM's ``-<8 hex>`` suffix stripped (``get_base_request_id``), the id
+        a router sends both legs as ``X-Request-Id``; each engine adds a
+        suffix of its own, as vLLM's input processor does."""
+        return f"push{key}-{secrets.token_hex(4)}"
+
     def add_prefill(self, key: int, num_tokens: int) -> str:
         """P: a do_remote_decode request for prompt ``key`` (max_tokens 1)."""
         req = create_request(
             request_id=key, num_tokens=num_tokens, do_remote_decode=True, block_size=BLOCK_SIZE
         )
+        if self.spec.push:
+            req.request_id = self._push_id(key)
         self.tracked[req.request_id] = Tracked(req, list(req.prompt_token_ids))
         self.scheduler.add_request(req)
         return req.request_id
@@ -279,7 +300,7 @@ class Engine:
             request_id=key, num_tokens=num_tokens, max_tokens=2, block_size=BLOCK_SIZE,
             do_remote_prefill=True,
         )
-        req.request_id = f"d-{key}"
+        req.request_id = self._push_id(key) if self.spec.push else f"d-{key}"
         req.kv_transfer_params = dict(params, do_remote_prefill=True, do_remote_decode=False)
         self.tracked[req.request_id] = Tracked(req, list(req.prompt_token_ids))
         self.scheduler.add_request(req)
@@ -445,7 +466,31 @@ class Engine:
             checks = getattr(cw, "_kvl_checks", None)
             if checks is not None and not checks.idle():
                 rep[f"rank{r}_checks_busy"] = True
+            if self.spec.push:
+                rep.update(self._push_leaks(r, cw))
         return rep
+
+    def _push_leaks(self, r: int, cw: Any) -> dict[str, Any]:
+        """Push mode: registrations, WRITEs and permits still held."""
+        rep: dict[str, Any] = {}
+        for name in ("_pending_d_registrations", "_push_finished_blocks", "_recving_metadata"):
+            if getattr(cw, name, None):
+                rep[f"rank{r}{name}"] = list(getattr(cw, name))
+        d = getattr(cw, "_kvl_d", None)
+        if d is not None and d.live:
+            rep[f"rank{r}_kvlease_permits_live"] = d.live
+        p = getattr(cw, "_kvl_p", None)
+        if p is not None and p._held:
+            rep[f"rank{r}_kvlease_registrations_held"] = list(p._held)
+        for name in ("_kvl_writing", "_kvl_held_back"):
+            if getattr(cw, name, None):
+                rep[f"rank{r}{name}"] = list(getattr(cw, name))
+        return rep
+
+    def free_blocks(self) -> int:
+        """Blocks free in the scheduler's pool (vLLM's ``kv_cache_usage``
+        counts the rest)."""
+        return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 
     def counters(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -461,6 +506,12 @@ class Engine:
             checks = getattr(cw, "_kvl_checks", None)
             if checks is not None:
                 out[f"check{r}"] = checks.checker.counters()
+            d = getattr(cw, "_kvl_d", None)
+            if d is not None:
+                out[f"permits{r}"] = dict(vars(d.counts))
+            p = getattr(cw, "_kvl_p", None)
+            if p is not None:
+                out[f"writes{r}"] = dict(p.counters(), **vars(p.counts))
         return out
 
     def shutdown(self) -> None:

@@ -34,6 +34,8 @@ class Node:
         self.engines: dict[str, Any] = {}
         self.faults: dict[str, list[Any]] = {}
         self.hb_clocks: dict[str, list[Any]] = {}
+        #: push engines: each worker's PushWire (faults.py).
+        self.wires: dict[str, list[Any]] = {}
         # (deadline, msg id, condition -> reply or None)
         self.waiters: list[tuple[float, int, Callable[[bool], Any]]] = []
         self.running = True
@@ -86,12 +88,14 @@ class Node:
     # -- commands ----------------------------------------------------------------------
 
     def cmd_setup(self, msg_id: int, spec: dict[str, Any]) -> None:
-        from .faults import DropHeartbeats, HeartbeatClock, install
+        from .faults import DropHeartbeats, HeartbeatClock, install, install_push_wire
 
         engine = self.Engine(self.EngineSpec(**spec))
         name = engine.spec.name
         self.engines[name] = engine
-        if engine.spec.role == "D":
+        if engine.spec.push:
+            self.wires[name] = [install_push_wire(w) for w in engine.workers]
+        elif engine.spec.role == "D":
             self.faults[name] = [install(w, DropHeartbeats) for w in engine.workers]
         else:
             self.hb_clocks[name] = [install(w, HeartbeatClock) for w in engine.workers]
@@ -221,6 +225,17 @@ class Node:
     def cmd_local(self, msg_id: int, engine: str, key: int, tokens: int, max_tokens: int) -> None:
         self._reply(msg_id, self.engines[engine].add_local(key, tokens, max_tokens))
 
+    def cmd_local_paused(self, msg_id: int, engine: str, key: int, tokens: int,
+                         max_tokens: int, pause_s: float) -> None:
+        """A local request, computed by one engine step at once, then the
+        engine holds still for ``pause_s`` (the request stays live, its
+        blocks readable with ``blocks_of``); answers its id."""
+        e = self.engines[engine]
+        rid = e.add_local(key, tokens, max_tokens)
+        e.step()
+        self.paused_until[engine] = time.time() + pause_s
+        self._reply(msg_id, rid)
+
     def cmd_abort(self, msg_id: int, engine: str, request_id: str) -> None:
         self.engines[engine].abort(request_id)
         self._reply(msg_id, True)
@@ -254,6 +269,62 @@ class Node:
         """Answers after ``seconds`` while the engines keep stepping."""
         self._wait(msg_id, seconds, lambda expired: {"slept": seconds} if expired else None)
 
+    # -- push mode ---------------------------------------------------------------------
+
+    def _wire_counts(self, engine: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for w in self.wires[engine]:
+            for k, v in w.counts().items():
+                out[k] = out.get(k, [] if isinstance(v, list) else 0) + v
+        return out
+
+    def cmd_push_wire(self, msg_id: int, engine: str, **faults: Any) -> None:
+        """Sets faults on every worker's wire (``drop``, ``duplicate``,
+        ``write_delay``: faults.PushWire); answers the counts so far."""
+        for w in self.wires[engine]:
+            for k, v in faults.items():
+                if k not in ("drop", "duplicate", "write_delay"):
+                    raise ValueError(f"no such wire fault: {k}")
+                object.__setattr__(w, k, tuple(v) if k == "drop" else v)
+        self._reply(msg_id, self._wire_counts(engine))
+
+    def cmd_wire_log(self, msg_id: int, engine: str) -> None:
+        """Every notification the engine's workers sent and drained."""
+        ws = self.wires[engine]
+        self._reply(msg_id, {"sent": [m for w in ws for m in w.sent],
+                             "received": [m for w in ws for m in w.received]})
+
+    def cmd_wait_posted(self, msg_id: int, engine: str, count: int, timeout: float) -> None:
+        """Answers once ``count`` WRITEs were posted on ``engine`` (P), with
+        the wire's counts and the time."""
+
+        def done(expired: bool) -> Any:
+            c = self._wire_counts(engine)
+            if c["posted"] < count and not expired:
+                return None
+            return dict(c, at=time.time(), timeout=c["posted"] < count)
+
+        self._wait(msg_id, timeout, done)
+
+    def cmd_wait_free_blocks(self, msg_id: int, engine: str, count: int, timeout: float) -> None:
+        """Answers once ``engine``'s pool has ``count`` free blocks, with when."""
+        e = self.engines[engine]
+
+        def done(expired: bool) -> Any:
+            free = e.free_blocks()
+            if free < count and not expired:
+                return None
+            return {"free": free, "at": time.time(), "timeout": free < count}
+
+        self._wait(msg_id, timeout, done)
+
+    def cmd_blocks_of(self, msg_id: int, engine: str, request_id: str) -> None:
+        """The byte values of ``request_id``'s prompt blocks now."""
+        e = self.engines[engine]
+        t = e.tracked[request_id]
+        self._reply(msg_id, {"values": e.blocks_of(request_id, len(t.prompt)),
+                             "prompt": t.prompt, "at": time.time()})
+
     def cmd_report(self, msg_id: int, engine: str, settle_steps: int = 5) -> None:
         e = self.engines[engine]
         if engine not in self.crashed:
@@ -272,6 +343,8 @@ class Node:
             "stats_data": {k: sum(v) if isinstance(v, list) and all(isinstance(x, (int, float)) for x in v) else v
                            for k, v in (stats.data.items() if stats is not None else ())},
             "steps": e.steps,
+            "free_blocks": e.free_blocks(),
+            "wire": self._wire_counts(engine) if engine in self.wires else None,
         })
 
     def cmd_teardown(self, msg_id: int, engine: str) -> None:
@@ -280,6 +353,7 @@ class Node:
         e.shutdown()
         self.faults.pop(engine, None)
         self.hb_clocks.pop(engine, None)
+        self.wires.pop(engine, None)
         self._reply(msg_id, True)
 
     def cmd_exit(self, msg_id: int) -> None:
