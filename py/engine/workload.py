@@ -133,12 +133,15 @@ async def complete_push(session: aiohttp.ClientSession, p_url: str, d_url: str,
     and the same ``X-Request-Id`` (P matches D's registration by that id,
     vLLM's random suffix stripped). ``between_s`` holds the D leg back that
     long (a registration that reaches P late), ``before_d`` until it is set.
-    A D leg that does not answer within ``timeout_s`` is a hang (status 0):
-    the client gives up, which aborts the request on D. Never raises."""
+    A D leg that does not answer within ``timeout_s`` is a hang (status 0,
+    ``p_leg_s`` set): the client gives up, which aborts the request on D. A
+    P leg that fails (status 0, no ``p_leg_s``) never reached D. Never
+    raises."""
     headers = {"X-Request-Id": request_id}
     base = {"model": "tiny", "prompt": prompt, "temperature": 0.0, "ignore_eos": True,
             "stream": False}
     t0 = time.monotonic()
+    p_leg = None  # set once P answered: a failure after it is the D leg's
     try:
         p_body = dict(base, max_tokens=1, kv_transfer_params={
             "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -166,8 +169,9 @@ async def complete_push(session: aiohttp.ClientSession, p_url: str, d_url: str,
             return Answer(200, text, time.monotonic() - t0, held_s=between_s, p_leg_s=p_leg,
                           d_leg_s=time.monotonic() - t1)
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-        return Answer(0, None, time.monotonic() - t0, error=f"{type(e).__name__}: {e}",
-                      held_s=between_s)
+        leg = "P" if p_leg is None else "D"
+        return Answer(0, None, time.monotonic() - t0, error=f"{leg}: {type(e).__name__}: {e}",
+                      held_s=between_s, p_leg_s=p_leg)
 
 
 async def push_all(p_url: str, d_url: str, prompts: list[list[int]], *, prefix: str,
