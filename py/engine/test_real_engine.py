@@ -926,10 +926,12 @@ def test_push_p_killed_with_registrations_outstanding(fleet, sets, record):
         f["aborted"] = len(answers) - len(patient)
         # The fence: the permit's term after D registered, plus the write
         # bound; on top, D's registration step after the kill and the step
-        # that reads the fence (a fresh engine on 2 cores stalls for
-        # seconds), and the metric's 0.5 s poll.
+        # that reads the fence, and the metric's 0.5 s poll. A fresh engine
+        # on 2 cores stalls 10-20 s at a time: runs measured 23.1, 24.3 and
+        # 24.7 s, and one 32.3 s (a stall on one of those two steps). The
+        # tight bound is the harness's (py/tests/vllm/test_e2e_push.py).
         f["pushes_ended_s"] = ended_s
-        f["bound_s"] = PUSH_FENCE + 8
+        f["bound_s"] = PUSH_FENCE + 18
         f["d_usage_back_s"] = back
         f.update(d_leak(fleet.running[PAIRS[c][1]], settle_s=0))
         figures[c] = f
