@@ -380,8 +380,9 @@ impl PushWrites {
     /// None)` when accepted, or `(None, reason)`: `"request_gone"`,
     /// `"no_clock"`, `"past_deadline"`, `"already_ended"` (P answers D in
     /// the next `poll`) or `"exhausted"` (no room: not answered, D's fence
-    /// ends it). A duplicate of a live registration returns its handle
-    /// again. Raises `WireError` on a malformed field.
+    /// ends it), or `"duplicate"`: a copy of a live registration P holds
+    /// already (its WRITE or its end answers both). Raises `WireError` on a
+    /// malformed field.
     fn register(
         &mut self,
         peer: u16,
@@ -392,11 +393,13 @@ impl PushWrites {
     ) -> PyResult<(Option<WriteHandle>, Option<&'static str>)> {
         let now = instant(now)?;
         let fields = with_bytes(field, |b| PermitFields::decode(b).map_err(wire))?;
+        let seen = self.inner.counters().duplicates;
         Ok(
             match self
                 .inner
                 .register(peer, fields, request_live, &clock.inner, now)
             {
+                Ok(_) if self.inner.counters().duplicates != seen => (None, Some("duplicate")),
                 Ok(h) => (Some(WriteHandle { inner: h }), None),
                 Err(r) => (None, Some(refusal_name(r))),
             },

@@ -156,7 +156,7 @@ class SlotChecker:
     def counters(self) -> dict[str, int]: ...
 
 PushEnd = Literal["written", "refused", "ended_by_p", "lapsed", "revoked"]
-Refusal = Literal["request_gone", "no_clock", "past_deadline", "exhausted", "already_ended"]
+Refusal = Literal["request_gone", "no_clock", "past_deadline", "exhausted", "already_ended", "duplicate"]
 
 class PushConfig:
     """Push mode's guard settings; the same on D and P."""
@@ -237,8 +237,9 @@ class PushWrites:
     def register(
         self, peer: int, field: Buffer, request_live: bool, clock: ClockEstimate, now: float
     ) -> tuple[Optional[WriteHandle], Optional[Refusal]]:
-        """(handle, None) when accepted, (None, reason) when refused. Raises
-        ``WireError`` on a malformed field."""
+        """(handle, None) when accepted, (None, reason) when refused, or
+        (None, "duplicate") for a copy of a live registration held already.
+        Raises ``WireError`` on a malformed field."""
     def begin_write(
         self, handle: WriteHandle, clock: ClockEstimate, now: float
     ) -> Optional[Literal["closed", "already_posted", "unknown_handle"]]:

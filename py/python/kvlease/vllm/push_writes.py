@@ -137,7 +137,6 @@ class PrefillPushGuard:
                 self.counts.dropped += 1
                 return None, "no_peer"
             clock = self._clocks.get(peer) or ClockEstimate(self.config.drift_ppm)
-            seen = self._writes.counters()["duplicates"]
             try:
                 handle, refusal = self._writes.register(
                     peer, permit.encode("ascii"), live, clock, now
@@ -146,10 +145,6 @@ class PrefillPushGuard:
                 self.counts.dropped += 1
                 return None, "malformed"
             if handle is not None:
-                if self._writes.counters()["duplicates"] != seen:
-                    # A registration P holds already (the wire delivered it
-                    # twice): the first one's WRITE, or its end, answers both.
-                    return None, "duplicate"
                 self._held[rid] = (handle, base_id, now)
             return handle, refusal
 
