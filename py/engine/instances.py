@@ -316,6 +316,35 @@ class Instance:
         """KV-cache usage, 0..1 (vLLM's ``vllm:kv_cache_usage_perc``)."""
         return self.metric("vllm:kv_cache_usage_perc")
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) used so far by every live process of the
+        instance (API server, EngineCore, workers: one process group), read
+        from ``/proc``; 0.0 where there is no ``/proc``."""
+        if self.proc is None:
+            return 0.0
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # exited meanwhile
+                continue
+            # Fields after the command name, which may hold spaces: state is
+            # field 3, pgrp field 5, utime and stime fields 14 and 15.
+            fields = stat[stat.rfind(")") + 2:].split()
+            if int(fields[2]) == self.proc.pid:
+                total += int(fields[11]) + int(fields[12])
+        return total / ticks
+
+    def busy_cores(self, window_s: float = 3.0) -> float:
+        """How many cores the instance kept busy over the next ``window_s``
+        seconds (1.0: one core all the time)."""
+        before = self.cpu_seconds()
+        time.sleep(window_s)
+        return (self.cpu_seconds() - before) / window_s
+
 
 def start_all(specs: list[InstanceSpec], model: str, logs: Path) -> list[Instance]:
     """Starts every instance at once (they start in parallel), then waits for

@@ -35,7 +35,10 @@ to D run vLLM's CPU default, without it.
 
 The stock and kvlease runs of one scenario (late arrival, soak) go at the
 same time, on their own P and D: half the wall time, and the same load on
-both.
+both. Phase F's push runs go one after the other, kvlease first: a stock
+push D left waiting on a WRITE that cannot come steps without end, 1.6-1.7
+cores busy, and starves everything beside it; it is stopped after the case
+that left it so (``retire_stuck_stock_d``) and started afresh for the next.
 
 Figures go to ``.engine/results/cases.jsonl``; ``report.py`` prints the table.
 Texts are compared with the plain reference's greedy text for the same token
@@ -711,6 +714,11 @@ PUSH_EXTRA = {"kv_lease_duration": int(PUSH_LEASE)}
 #: tens of seconds at a time (a recompute's D leg took 44 s once, and more
 #: than 60 s twice with every push already failed by D).
 PUSH_PATIENCE = 120.0
+#: The same for the stock control: stock has no bound at all (its
+#: registration watchdog, 480 s, only logs), and it runs on a quiet machine
+#: (below), where a push P serves answers in seconds: a D leg with no answer
+#: after five of P's leases waits for a WRITE that no longer comes.
+STOCK_PUSH_PATIENCE = 60.0
 PUSH_COUNTERS = {
     # D
     "permits": "vllm:kv_push_permits_total",
@@ -750,16 +758,31 @@ def push_counters(inst) -> dict[str, float]:
 
 
 def d_leak(d, settle_s: float = 3.0) -> dict:
-    """D's KV usage with nothing running or waiting: what stays held is leaked."""
+    """D's KV usage with nothing running or waiting: what stays held is
+    leaked. ``d_busy_cores``: the cores D kept busy meanwhile (stock's D
+    spins on the pushes it still waits for)."""
     time.sleep(settle_s)
     return {"d_running": d.metric("vllm:num_requests_running"),
             "d_waiting": d.metric("vllm:num_requests_waiting"),
-            "d_usage_end": round(d.kv_usage(), 4)}
+            "d_usage_end": round(d.kv_usage(), 4),
+            "d_busy_cores": round(d.busy_cores(), 2)}
 
 
 def usage_back(inst, timeout: float) -> float | None:
     """Seconds until ``inst``'s KV usage is 0, or None."""
     return p_usage_back(inst, 0.0, timeout)
+
+
+def retire_stuck_stock_d(fleet, figures: dict) -> None:
+    """Stops the stock D once it was left waiting on a push that cannot come
+    (a hang, or KV still held): its engine then steps without end, 1.6-1.7
+    cores busy (``d_busy_cores``), which on this 2-core machine starves
+    every instance beside it, so that P legs of the next case time out (with
+    the pairs at once, one run lost 6 of kvlease's 8 P legs, a gate run 4 of
+    a mixed case's 4). The next case's ``push_phase`` starts a fresh one.
+    Its figures are recorded first."""
+    if figures["hangs"] or figures.get("d_usage_end", 0) > 0:
+        fleet.stop(PAIRS["stock"][1])
 
 
 def push_figures(answers: list[Answer], reference: list[str]) -> dict:
@@ -774,25 +797,21 @@ def push_figures(answers: list[Answer], reference: list[str]) -> dict:
     return figures
 
 
-def push_both(fleet, ps: PromptSet, name: str, **kw) -> dict[str, dict]:
-    """One push round of ``ps`` on the kvlease pair and the stock pair at once."""
-    before = {c: (push_counters(fleet.running[p]), push_counters(fleet.running[d]))
-              for c, (p, d) in PAIRS.items()}
-
-    async def go():
-        return await asyncio.gather(*(
-            push_all(fleet.running[p].url, fleet.running[d].url, ps.prompts,
-                     prefix=f"{name}-{c}", concurrency=2, max_tokens=ps.max_tokens, **kw)
-            for c, (p, d) in PAIRS.items()))
-
-    out = {}
-    for (c, (p, d)), answers in zip(PAIRS.items(), run(go())):
-        figures = push_figures(answers, ps.reference)
-        pb, db = before[c]
-        figures.update(delta(push_counters(fleet.running[d]), db, "permits", "push_failed"))
-        figures.update(delta(push_counters(fleet.running[p]), pb, "written", "refused"))
-        out[c] = figures
-    return out
+def push_round(fleet, c: str, ps: PromptSet, name: str, *, concurrency: int = 2,
+               **kw) -> dict:
+    """One push round of ``ps`` on pair ``c`` ("kvlease" or "stock"): the
+    answers' figures, D's permits and failed pushes, P's WRITEs and
+    refusals. The stock control waits STOCK_PUSH_PATIENCE for a D leg."""
+    p, d = (fleet.running[r] for r in PAIRS[c])
+    pb, db = push_counters(p), push_counters(d)
+    if c == "stock":
+        kw["timeout_s"] = STOCK_PUSH_PATIENCE
+    answers = run(push_all(p.url, d.url, ps.prompts, prefix=f"{name}-{c}",
+                           concurrency=concurrency, max_tokens=ps.max_tokens, **kw))
+    figures = push_figures(answers, ps.reference)
+    figures.update(delta(push_counters(d), db, "permits", "push_failed"))
+    figures.update(delta(push_counters(p), pb, "written", "refused"))
+    return figures
 
 
 def test_push_happy_path_kvlease_guards_every_push(fleet, sets, record):
@@ -802,13 +821,16 @@ def test_push_happy_path_kvlease_guards_every_push(fleet, sets, record):
     the plain reference, nothing hangs, every push went with a write permit,
     D's blocks all come back. A push P could not serve in time (this 2-core
     machine stalls a fresh engine for seconds) ends as a recompute, never a
-    wait: counted in push_failed. Stock beside it, recorded."""
+    wait: counted in push_failed. Stock after it, recorded."""
     push_phase(fleet)
-    figures = push_both(fleet, sets["push-happy"], "push-happy", timeout_s=PUSH_PATIENCE)
+    figures = {}
     for c, (_p, d) in PAIRS.items():
+        figures[c] = push_round(fleet, c, sets["push-happy"], "push-happy",
+                                timeout_s=PUSH_PATIENCE)
         figures[c].update(d_leak(fleet.running[d], settle_s=0))
         figures[c]["d_usage_back_s"] = usage_back(fleet.running[d], PUSH_FENCE + 10)
         record.write("push: happy path", c, **figures[c])
+    retire_stuck_stock_d(fleet, figures["stock"])
     kv = figures["kvlease"]
     assert kv["texts_equal"] == kv["requests"] - kv["p_leg_failures"] and kv["hangs"] == 0, kv
     assert kv["p_leg_failures"] <= 1, kv
@@ -825,11 +847,16 @@ def test_push_late_registration_stock_hangs_kvlease_recomputes(fleet, sets, reco
     text equals the reference, and D's blocks come back."""
     push_phase(fleet)
     ps = sets["push-late"]
-    figures = push_both(fleet, ps, "push-late", between_s=PUSH_LEASE + 10, timeout_s=PUSH_PATIENCE)
+    figures = {}
     for c, (_p, d) in PAIRS.items():
+        # Every P leg at once, before any D leg: P answers them on a quiet
+        # machine, and all the registrations come late together.
+        figures[c] = push_round(fleet, c, ps, "push-late", concurrency=len(ps.prompts),
+                                between_s=PUSH_LEASE + 10, timeout_s=PUSH_PATIENCE)
         figures[c].update(d_leak(fleet.running[d]))
         figures[c]["held_s"] = PUSH_LEASE + 10
         record.write("push: registration reaches P late", c, **figures[c])
+    retire_stuck_stock_d(fleet, figures["stock"])
     kv, stock = figures["kvlease"], figures["stock"]
     assert stock["hangs"] >= 1 and stock["d_usage_end"] > 0, (
         f"the stock control showed no hang and no leak: the case tested nothing ({stock})")
@@ -862,6 +889,8 @@ def test_push_mixed_fleets_get_stock_behaviour(fleet, sets, record):
             p_inst.count_in_log(STRAY) - stray_before[0]
             + d_inst.count_in_log(STRAY) - stray_before[1])
         record.write(f"push: mixed fleet ({name})", "mixed", **figures)
+        if d == PAIRS["stock"][1]:
+            retire_stuck_stock_d(fleet, figures)
         assert figures["wrong_answers"] == 0, figures
         # Only D's counter: P's reach /metrics with P's next step, so the
         # WRITEs and refusals of the case before may show here.
@@ -886,14 +915,23 @@ def test_push_p_killed_with_registrations_outstanding(fleet, sets, record):
     async def scenario(c: str):
         p_name, d_name = PAIRS[c]
         p, d = fleet.running[p_name], fleet.running[d_name]
-        answered = p.metric("vllm:request_success_total")
-        failed_before = (await asyncio.to_thread(push_counters, d))["push_failed"]
+        patient_s = PUSH_PATIENCE if c == "kvlease" else STOCK_PUSH_PATIENCE
         go = asyncio.Event()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            # One push first, so that D and P know each other (both
+            # handshakes done) when P dies, as in a fleet that served a
+            # while: a D that never met P fails its handshake at once, stock
+            # too, and the case would test nothing. (retire_stuck_stock_d
+            # may have given stock a fresh D.)
+            warm = await workload.complete_push(
+                session, p.url, d.url, ps.prompts[0], request_id=f"pk-{c}-warm",
+                max_tokens=ps.max_tokens, timeout_s=30)
+            answered = await asyncio.to_thread(p.metric, "vllm:request_success_total")
+            failed_before = (await asyncio.to_thread(push_counters, d))["push_failed"]
             tasks = [asyncio.create_task(workload.complete_push(
                 session, p.url, d.url, pr, request_id=f"pk-{c}-{i}-{random.getrandbits(24):06x}",
                 max_tokens=ps.max_tokens, before_d=go,
-                timeout_s=8 if i % 2 else PUSH_PATIENCE))
+                timeout_s=8 if i % 2 else patient_s))
                 for i, pr in enumerate(ps.prompts)]
             for _ in range(240):
                 if p.metric("vllm:request_success_total") - answered >= len(ps.prompts):
@@ -912,18 +950,19 @@ def test_push_p_killed_with_registrations_outstanding(fleet, sets, record):
                 await asyncio.sleep(0.5)
             answers = await asyncio.gather(*tasks)
             back = await asyncio.to_thread(usage_back, d, 15.0)
-            return answers, ended_s, (None if back is None else round(time.monotonic() - t0, 1))
+            return (answers, ended_s, (None if back is None else round(time.monotonic() - t0, 1)),
+                    warm.ok)
 
-    async def both_pairs():
-        return await asyncio.gather(scenario("kvlease"), scenario("stock"))
-
-    results = run(both_pairs())
+    # One pair after the other: stock's D spins once it waits on a push
+    # that cannot come (see retire_stuck_stock_d), so kvlease goes first.
+    results = [run(scenario(c)) for c in PAIRS]
     figures = {}
-    for c, (answers, ended_s, back) in zip(PAIRS, results):
+    for c, (answers, ended_s, back, warm_ok) in zip(PAIRS, results):
         patient = [a for i, a in enumerate(answers) if i % 2 == 0]
         ref = [r for i, r in enumerate(ps.reference) if i % 2 == 0]
         f = push_figures(patient, ref)
         f["aborted"] = len(answers) - len(patient)
+        f["warm_push_ok"] = warm_ok
         # The fence: the permit's term after D registered, plus the write
         # bound; on top, D's registration step after the kill and the step
         # that reads the fence, and the metric's 0.5 s poll. A fresh engine
