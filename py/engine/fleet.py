@@ -9,8 +9,8 @@ judge a case.
 
 Why swaps and not a fresh pair per case: an instance takes 30-50 s to start
 on 2 cores, and the step takes about 25 minutes as it is (the gate of
-80dec0e: 1,547 s). Cases are ordered so that
-consecutive ones share instances (``test_real_engine.py``).
+80dec0e: 1,547 s). Cases are ordered so that consecutive ones share
+instances (``test_real_engine.py``).
 """
 
 from __future__ import annotations
