@@ -719,6 +719,11 @@ PUSH_PATIENCE = 120.0
 #: (below), where a push P serves answers in seconds: a D leg with no answer
 #: after five of P's leases waits for a WRITE that no longer comes.
 STOCK_PUSH_PATIENCE = 60.0
+
+
+def d_leg_patience(c: str) -> float:
+    """How long pair ``c``'s clients wait for a D leg before counting a hang."""
+    return PUSH_PATIENCE if c == "kvlease" else STOCK_PUSH_PATIENCE
 PUSH_COUNTERS = {
     # D
     "permits": "vllm:kv_push_permits_total",
@@ -801,13 +806,12 @@ def push_round(fleet, c: str, ps: PromptSet, name: str, *, concurrency: int = 2,
                **kw) -> dict:
     """One push round of ``ps`` on pair ``c`` ("kvlease" or "stock"): the
     answers' figures, D's permits and failed pushes, P's WRITEs and
-    refusals. The stock control waits STOCK_PUSH_PATIENCE for a D leg."""
+    refusals. Each D leg waits ``d_leg_patience(c)``."""
     p, d = (fleet.running[r] for r in PAIRS[c])
     pb, db = push_counters(p), push_counters(d)
-    if c == "stock":
-        kw["timeout_s"] = STOCK_PUSH_PATIENCE
     answers = run(push_all(p.url, d.url, ps.prompts, prefix=f"{name}-{c}",
-                           concurrency=concurrency, max_tokens=ps.max_tokens, **kw))
+                           concurrency=concurrency, max_tokens=ps.max_tokens,
+                           timeout_s=d_leg_patience(c), **kw))
     figures = push_figures(answers, ps.reference)
     figures.update(delta(push_counters(d), db, "permits", "push_failed"))
     figures.update(delta(push_counters(p), pb, "written", "refused"))
@@ -825,8 +829,7 @@ def test_push_happy_path_kvlease_guards_every_push(fleet, sets, record):
     push_phase(fleet)
     figures = {}
     for c, (_p, d) in PAIRS.items():
-        figures[c] = push_round(fleet, c, sets["push-happy"], "push-happy",
-                                timeout_s=PUSH_PATIENCE)
+        figures[c] = push_round(fleet, c, sets["push-happy"], "push-happy")
         figures[c].update(d_leak(fleet.running[d], settle_s=0))
         figures[c]["d_usage_back_s"] = usage_back(fleet.running[d], PUSH_FENCE + 10)
         record.write("push: happy path", c, **figures[c])
@@ -852,7 +855,7 @@ def test_push_late_registration_stock_hangs_kvlease_recomputes(fleet, sets, reco
         # Every P leg at once, before any D leg: P answers them on a quiet
         # machine, and all the registrations come late together.
         figures[c] = push_round(fleet, c, ps, "push-late", concurrency=len(ps.prompts),
-                                between_s=PUSH_LEASE + 10, timeout_s=PUSH_PATIENCE)
+                                between_s=PUSH_LEASE + 10)
         figures[c].update(d_leak(fleet.running[d]))
         figures[c]["held_s"] = PUSH_LEASE + 10
         record.write("push: registration reaches P late", c, **figures[c])
@@ -915,7 +918,6 @@ def test_push_p_killed_with_registrations_outstanding(fleet, sets, record):
     async def scenario(c: str):
         p_name, d_name = PAIRS[c]
         p, d = fleet.running[p_name], fleet.running[d_name]
-        patient_s = PUSH_PATIENCE if c == "kvlease" else STOCK_PUSH_PATIENCE
         go = asyncio.Event()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             # One push first, so that D and P know each other (both
@@ -931,7 +933,7 @@ def test_push_p_killed_with_registrations_outstanding(fleet, sets, record):
             tasks = [asyncio.create_task(workload.complete_push(
                 session, p.url, d.url, pr, request_id=f"pk-{c}-{i}-{random.getrandbits(24):06x}",
                 max_tokens=ps.max_tokens, before_d=go,
-                timeout_s=8 if i % 2 else patient_s))
+                timeout_s=8 if i % 2 else d_leg_patience(c)))
                 for i, pr in enumerate(ps.prompts)]
             for _ in range(240):
                 if p.metric("vllm:request_success_total") - answered >= len(ps.prompts):
