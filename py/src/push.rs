@@ -310,6 +310,13 @@ impl PushPermits {
         self.inner.live()
     }
 
+    /// The P peers that live permits name: a peer in none of them may be
+    /// forgotten and its id given to another engine. O(live permits): for
+    /// making room in a full peer table, not for every step.
+    fn peers_in_use(&self) -> std::collections::BTreeSet<u16> {
+        self.inner.peers_in_use().collect()
+    }
+
     /// What it did so far.
     fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.inner.counters();
@@ -473,6 +480,14 @@ impl PushWrites {
     #[getter]
     fn held(&self) -> u32 {
         self.inner.held()
+    }
+
+    /// The D peers that held entries name (ended ones kept for duplicates
+    /// or owing an answer included): a peer in none of them may be
+    /// forgotten and its id given to another engine. O(held entries): for
+    /// making room in a full peer table, not for every step.
+    fn peers_in_use(&self) -> std::collections::BTreeSet<u16> {
+        self.inner.peers_in_use().collect()
     }
 
     /// What it did so far.

@@ -173,6 +173,18 @@ impl PushPermits {
         self.live.len()
     }
 
+    /// The P peers that live permits name, one item per permit (a peer
+    /// may repeat). A peer named by none may be forgotten and its id given
+    /// to another P engine: no message of the old one can end a permit of
+    /// the new one. O(live permits), no allocation; for the rare path that
+    /// makes room in a full peer table, never a step.
+    pub fn peers_in_use(&self) -> impl Iterator<Item = u16> + '_ {
+        (0..self.live.len()).filter_map(move |k| {
+            let slot = self.live.get(k)?;
+            Some(self.permits[slot as usize].peer)
+        })
+    }
+
     /// The deadline D last told P for a live permit (for metrics and
     /// checks); `None` once it ended.
     pub fn deadline(&self, slot: u32, nonce: Nonce) -> Option<Instant> {

@@ -489,3 +489,39 @@ fn peer_messages_carry_one_peer_each_and_split_when_full() {
     // Peer 7's three records split at the buffer; each peer change flushes.
     assert_eq!(sent, [(7, 2), (7, 1), (9, 1), (7, 1)]);
 }
+
+/// A peer's id may go to another engine only once no live state names it:
+/// both roles say which peers their live entries name, until the last one
+/// ended (D: the permit's end; P: the ended entry forgotten after its
+/// deadline surely passed).
+#[test]
+fn peers_in_use_name_live_entries_until_they_end() {
+    let in_use = |it: &mut dyn Iterator<Item = u16>| {
+        let mut v: Vec<u16> = it.collect();
+        v.sort_unstable();
+        v
+    };
+    let mut x = Pair::new();
+    assert!(in_use(&mut x.d.peers_in_use()).is_empty());
+    assert!(in_use(&mut x.p.peers_in_use()).is_empty());
+    let (_, h) = x.register(1.0, true);
+    let other = x.d.register(P + 1, on_d(1.0)).unwrap();
+    assert_eq!(in_use(&mut x.d.peers_in_use()), vec![P, P + 1]);
+    assert_eq!(in_use(&mut x.p.peers_in_use()), vec![D]);
+    // Written and answered: D's permit for P ends; P keeps the ended entry
+    // (a duplicate must be answered the same) until its deadline passed.
+    let h = h.unwrap();
+    x.p.begin_write(h, &x.clock, secs(2.0)).unwrap();
+    assert!(x.p.write_done(h, true, secs(2.1)));
+    x.step(2.1);
+    x.deliver_to_d(2.2);
+    assert_eq!(in_use(&mut x.d.peers_in_use()), vec![P + 1]);
+    assert_eq!(in_use(&mut x.p.peers_in_use()), vec![D]);
+    x.step(13.2);
+    assert!(in_use(&mut x.p.peers_in_use()).is_empty());
+    // The other permit ends at its fence (no P answers it).
+    x.d.revoke(other.slot, other.nonce).unwrap();
+    assert_eq!(in_use(&mut x.d.peers_in_use()), vec![P + 1]);
+    x.d.poll(on_d(40.0), |_, _| {}, |_| {});
+    assert!(in_use(&mut x.d.peers_in_use()).is_empty());
+}

@@ -200,6 +200,21 @@ impl PushWrites {
         self.live.len()
     }
 
+    /// The D peers that held entries name, one item per entry (a peer may
+    /// repeat): registrations held or posted, and ended ones kept for their
+    /// duplicates or owing D its answer. A peer named by none may be
+    /// forgotten and its id given to another D engine: no answer of this P
+    /// goes to the wrong D, and a late copy of an ended registration meets
+    /// the gate afresh (no clock sample of the new id: refused or deferred,
+    /// never written twice). O(held entries), no allocation; for the rare
+    /// path that makes room in a full peer table, never a step.
+    pub fn peers_in_use(&self) -> impl Iterator<Item = u16> + '_ {
+        (0..self.live.len()).filter_map(move |k| {
+            let entry = self.live.get(k)?;
+            Some(self.writes[entry as usize].peer)
+        })
+    }
+
     /// A registration from D peer `peer` for a request P has
     /// (`request_live`) or no longer has. Accepted: P may post one WRITE
     /// under it while [`PushWrites::begin_write`] lets it. Refused: P

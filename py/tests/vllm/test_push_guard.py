@@ -17,7 +17,8 @@ from kvlease import PushConfig
 from kvlease.vllm import handshake_adverts
 from kvlease.vllm.handshake_adverts import ClockRound
 from kvlease.vllm.metadata import KvLeaseHandshakePayload
-from kvlease.vllm.push_notifs import REPLAY, NotifTap, PeerNames
+from kvlease.vllm.push_notifs import REPLAY, NotifTap
+from kvlease.vllm.push_peers import PeerNames
 from kvlease.vllm.push_permits import PERMIT_KEY, DecodePushGuard
 from kvlease.vllm.push_writes import PrefillPushGuard
 

@@ -1,14 +1,13 @@
 """Where push mode's guard meets vLLM's notifications: the tap on the
-writer thread's ``get_new_notifs``, and the names of the peers.
+writer thread's ``get_new_notifs``.
 
 Owns: taking kvlease's push messages (``PEND:``/``PHB:`` for D, ``PRN:``/
 ``PRV:`` for P) out of what vLLM's ``nixl-push-writer`` thread drains,
 *with* the agent that sent them (vLLM's writer keeps only the bytes), and
 putting registrations back that P deferred until it had a clock sample of
-their D (:class:`NotifTap`); the small table that names each peer engine
-with the 16-bit peer id the Rust roles use (:class:`PeerNames`). May not
-decide anything about a permit: ``push_permits.py`` (D) and
-``push_writes.py`` (P) do.
+their D (:class:`NotifTap`). May not decide anything about a permit:
+``push_permits.py`` (D) and ``push_writes.py`` (P) do; the peers' names
+are ``push_peers.py``'s.
 
 Why a tap on the agent and not an override: vLLM's writer loop is one
 private method that drains NIXL, routes ``PUSH_REG`` and forwards the rest
@@ -23,8 +22,13 @@ because an idle P steps no more (``push_worker.py``).
 from __future__ import annotations
 
 import queue
+import logging
 from collections.abc import Callable
 from typing import Any
+
+from .log_limit import RateLimitedLog
+
+logger = logging.getLogger("vllm.kvlease.push")
 
 #: Prefixes of the guard's messages to D (from P) and to P (from D).
 TO_D = (b"PEND:", b"PHB:")
@@ -49,6 +53,10 @@ class NotifTap:
         self._on_messages = on_messages
         self._on_drain = on_drain
         self._replay: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        #: Drains whose kvlease hook raised (vLLM's notifications were
+        #: delivered all the same).
+        self.hook_failures = 0
+        self._log = RateLimitedLog(logger)
 
     @property
     def agent(self) -> Any:
@@ -84,40 +92,23 @@ class NotifTap:
             except queue.Empty:
                 break
             out.setdefault(REPLAY, []).append(notif)
+        # vLLM's own notifications are in ``out`` already, and NIXL gave the
+        # batch out once: an exception of kvlease's hooks must not cost
+        # vLLM any of it. The guard's own messages of a failed hook are
+        # lost like a dropped notification, which the guard survives (D's
+        # fence, P's hold limit); the failure is counted and logged.
         if ours:
-            self._on_messages(ours)
+            self._run_hook(self._on_messages, ours)
         if self._on_drain is not None:
-            self._on_drain()
+            self._run_hook(self._on_drain)
         return out
 
-
-class PeerNames:
-    """Peer engine id <-> the 16-bit peer id of the Rust roles, and agent
-    name -> engine id. At most ``capacity`` engines: one more is ``None``
-    (the caller fails closed), never an eviction that could hand a live
-    peer's id to another."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = max(1, min(int(capacity), 1 << 16))
-        self._ids: dict[str, int] = {}
-        self._engines: list[str] = []
-        self._agents: dict[str, str] = {}
-
-    def id_of(self, engine: str) -> int | None:
-        peer = self._ids.get(engine)
-        if peer is None and len(self._engines) < self.capacity:
-            peer = len(self._engines)
-            self._ids[engine] = peer
-            self._engines.append(engine)
-        return peer
-
-    def engine(self, peer: int) -> str | None:
-        return self._engines[peer] if 0 <= peer < len(self._engines) else None
-
-    def note_agents(self, engine: str, agent_names: Any) -> None:
-        """The agents of ``engine`` this worker talks to (a handshake's result)."""
-        for name in agent_names:
-            self._agents[name.decode() if isinstance(name, bytes) else str(name)] = engine
-
-    def engine_of_agent(self, name: str) -> str | None:
-        return self._agents.get(name)
+    def _run_hook(self, hook: Callable[..., None], *args: Any) -> None:
+        try:
+            hook(*args)
+        except Exception as e:
+            self.hook_failures += 1
+            self._log.warning(
+                "tap_hook", "kvlease: the push guard's notification hook failed (%r); "
+                "vLLM's notifications of this drain are delivered", e,
+            )

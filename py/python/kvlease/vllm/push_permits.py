@@ -17,9 +17,11 @@ vLLM's own completion notification; if that never comes, the load fails
 
 Threads: ``register`` runs on vLLM's ``nixl-push-writer`` thread (it sends
 ``PUSH_REG``), the rest on the engine's main thread; the lock makes each
-call whole. Clock: ``time.monotonic()``, the clock vLLM's side channel
-reads for P's sample of D (``perf_counter``; both are the host's
-``CLOCK_MONOTONIC`` on Linux, checked by :func:`clock_is_shared`).
+call whole. Clock: D's *scheduler's* clock, the one vLLM's side channel
+reads for P's sample of D (its ``perf_counter``), as the worker reads it
+through ``scheduler_clock.SchedulerClock``: the worker may run on another
+host than the scheduler. Within the scheduler process ``perf_counter`` and
+``time.monotonic()`` must be one clock (:func:`clock_is_shared`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 
 from .._native import PushConfig, PushPermits
 from ..errors import KvLeaseError, PushError
-from .push_notifs import PeerNames
+from .push_peers import PeerNames
 
 #: The guard version this build speaks (the handshake's ``kv_push_guard``).
 GUARD_VERSION = 1
@@ -66,7 +68,7 @@ class DecodePushGuard:
         self.config = config
         self._permits = PushPermits(config, seed)
         self._lock = threading.Lock()
-        self.peers = PeerNames(max_peers)
+        self.peers = PeerNames(max_peers, self._permits.peers_in_use)
         self._guard_of_p: dict[str, int] = {}
         self._by_req: dict[str, tuple[int, int]] = {}
         self._by_permit: dict[tuple[int, int], str] = {}
@@ -86,6 +88,14 @@ class DecodePushGuard:
 
     def p_speaks_guard(self, engine: str) -> bool:
         return self._guard_of_p.get(engine, 0) >= GUARD_VERSION
+
+    def forget_engine(self, engine: str) -> None:
+        """vLLM forgot the P engine ``engine`` (its eviction of a remote
+        engine): what it speaks and its agents go now, its peer id once no
+        permit names it."""
+        with self._lock:
+            self._guard_of_p.pop(engine, None)
+            self.peers.forget_engine(engine)
 
     # -- the writer thread -----------------------------------------------------
 
@@ -145,7 +155,7 @@ class DecodePushGuard:
         with self._lock:
             for agent, msg in msgs:
                 engine = self.peers.engine_of_agent(agent)
-                peer = self.peers.id_of(engine) if engine is not None else None
+                peer = self.peers.get(engine) if engine is not None else None
                 if peer is None:
                     self.counts.malformed += 1
                     continue

@@ -59,6 +59,7 @@ from .metadata import STEP_ATTR, KvLeaseHandshakePayload
 from .push_notifs import TO_D, TO_P, NotifTap
 from .push_permits import GUARD_VERSION, PERMIT_KEY, DecodePushGuard, clock_is_shared
 from .push_writes import PrefillPushGuard
+from .scheduler_clock import SchedulerClock
 from .settings import lease_settings, push_config
 from .stats import KvLeaseConnectorStats
 
@@ -81,6 +82,7 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
     _kvl_tap: NotifTap | None = None
     _kvl_require: bool = False
     _kvl_log: RateLimitedLog = RateLimitedLog(logger)
+    _kvl_sched: SchedulerClock  # set with _kvl_d
 
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
         check_vllm_version()
@@ -95,10 +97,16 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         self._kvl_require = settings.config.require_verification
         self._kvl_inbox: list[tuple[str, bytes]] = []
         self._kvl_inbox_lock = threading.Lock()
-        self._kvl_sampler: ThreadPoolExecutor | None = None
+        #: Clock asks of D engines, one thread per lane (push_clocks.py).
+        self._kvl_samplers: dict[str, ThreadPoolExecutor] = {}
+        #: The ask of each D engine's clock in flight (at most one each).
+        self._kvl_asks: dict[str, Future] = {}
+        #: Registrations deferred once already for want of D's clock.
+        self._kvl_deferred: set[str] = set()
         if settings.consumer:
             if clock_is_shared():
                 self._kvl_d = DecodePushGuard(config, settings.config.max_peers)
+                self._kvl_sched = SchedulerClock(config.drift_ppm)
             else:
                 logger.warning(
                     "kvlease: perf_counter and monotonic are different clocks here: D "
@@ -182,9 +190,10 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         if p is not None and not notif_agents_only:
             # P's handshake back to a D it writes to (D's own handshakes to
             # P engines are notification-only): the clock sample of that D.
+            now = _now()
             p.peers.note_agents(expected_engine_id, names)
-            p.note_address(expected_engine_id, host, port)
-            p.observe_clock(expected_engine_id, rounds, _now())
+            p.observe_clock(expected_engine_id, rounds, now)
+            p.note_address(expected_engine_id, host, port, now)
         return agents, offset
 
     # -- D: registrations (writer thread) ----------------------------------------
@@ -207,7 +216,10 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
             d.counts.unguarded += 1
             self._kvl_record("kv_push_unguarded")
             return super()._do_send_reg_notif(req_id, reg_data)
-        permit = d.register(req_id, engine, _now())
+        now = self._kvl_sched.now(_now())
+        if now is None:  # before the first step's metadata: cannot happen in vLLM
+            return self._kvl_unguardable(req_id, "no reading of D's scheduler clock yet")
+        permit = d.register(req_id, engine, now)
         if permit is None:
             return self._kvl_unguardable(req_id, "no write permit (revoked, or none free)")
         self._kvl_record("kv_push_permits")
@@ -249,12 +261,20 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         if not (isinstance(rid, str) and isinstance(engine, str) and isinstance(permit, str)):
             p.counts.dropped += 1
             return
-        if not p.has_clock(engine):
+        if not p.has_clock(engine) and rid not in self._kvl_deferred:
+            # Once per registration: P's handshake back to D, or (done, but
+            # it gave no clock reading) one ask of D's clock; then the
+            # registration comes again, and without a clock it is refused
+            # (PEND:R: D fails the load at once rather than at its fence).
             fut = self._kvl_handshake_back(reg)
+            if fut is None:
+                fut = self._kvl_ask_clock_now(engine)
             if fut is not None:
                 p.counts.deferred += 1
-                fut.add_done_callback(lambda f, n=notif: self._kvl_replay(f, n))
+                self._kvl_deferred.add(rid)
+                fut.add_done_callback(lambda f, n=notif, r=rid: self._kvl_replay(f, n, r))
                 return
+        self._kvl_deferred.discard(rid)
         base = get_base_request_id(rid)
         match = None if p.is_gone(base) else self._pop_matching_finished_blocks(rid)
         live = match is not None or not p.is_gone(base)
@@ -285,9 +305,23 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
             self._kvl_log.warning("handshake_back", "kvlease: no handshake to D: %s", e)
             return None
 
-    def _kvl_replay(self, fut: Future, notif: bytes) -> None:
+    def _kvl_ask_clock_now(self, engine: str) -> Future | None:
+        """One ask of ``engine``'s clock now, for a registration that found
+        P's handshake back done but no clock reading from it (the future of
+        the ask; None when P does not know where D's side channel is)."""
+        p = self._kvl_p
+        if p is None:
+            return None
+        asking = self._kvl_asks.get(engine)
+        if asking is not None and not asking.done():
+            return asking
+        due = p.ask_clock_now(engine)
+        return self._kvl_resample(*due) if due is not None else None
+
+    def _kvl_replay(self, fut: Future, notif: bytes, rid: str) -> None:
         if fut.exception() is not None:
             # No way to D at all: nothing can answer it; D's fence ends it.
+            self._kvl_deferred.discard(rid)
             if self._kvl_p is not None:
                 self._kvl_p.counts.dropped += 1
             return
@@ -360,25 +394,44 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         if sends:
             logger.debug("kvlease: P sends %s", [(e, m[:12]) for e, m in sends])
         self._kvl_send(sends)
-        for engine, host, port in p.due_resamples(now):
-            self._kvl_resample(engine, host, port)
+        for due in p.due_resamples(now):
+            self._kvl_resample(*due)
 
     def _kvl_tick(self, period: float) -> None:
         while not self._kvl_stop.wait(period):
             self._push_writer_wake.set()
 
-    def _kvl_resample(self, engine: str, host: str, port: int) -> None:
-        """Asks D's side channel once more (vLLM's query), for its clock."""
-        if self._kvl_sampler is None:
-            self._kvl_sampler = ThreadPoolExecutor(1, thread_name_prefix="kvlease-clock")
+    def _kvl_resample(self, engine: str, host: str, port: int, lane: str) -> Future:
+        """Asks D's side channel once more (vLLM's query), for its clock, on
+        the lane's own thread (``push_clocks.py``: a dead D's asks block only
+        the asks of other suspect Ds)."""
+        sampler = self._kvl_samplers.get(lane)
+        if sampler is None:
+            sampler = self._kvl_samplers[lane] = ThreadPoolExecutor(
+                1, thread_name_prefix=f"kvlease-clock-{lane}"
+            )
         p = self._kvl_p
 
         def sample() -> None:
-            rounds = handshake_adverts.clock_rounds(host, port, base_worker, GET_META_MSG)
-            if p is not None and rounds:
-                p.observe_clock(engine, rounds, _now())
+            rounds: list = []
+            try:
+                rounds = handshake_adverts.clock_rounds(host, port, base_worker, GET_META_MSG)
+            finally:
+                self._kvl_asks.pop(engine, None)
+                if p is not None:
+                    p.resampled(engine, rounds, _now())
 
-        self._kvl_sampler.submit(sample)
+        fut = self._kvl_asks[engine] = sampler.submit(sample)
+        return fut
+
+    def _cleanup_remote_engine(self, engine_id: str, *, log_eviction: bool = True) -> None:
+        # vLLM forgets a remote engine (idle past engine_ttl, replaced, or at
+        # shutdown): so do the guard's peer tables, clocks and asks.
+        super()._cleanup_remote_engine(engine_id, log_eviction=log_eviction)
+        if self._kvl_d is not None:
+            self._kvl_d.forget_engine(engine_id)
+        if self._kvl_p is not None:
+            self._kvl_p.forget_engine(engine_id)
 
     def _kvl_send(self, sends: list[tuple[str, bytes]]) -> None:
         for engine, msg in sends:
@@ -398,6 +451,10 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
 
     def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
         d = self._kvl_d
+        if d is not None:
+            # Before vLLM's own part, which may hand registrations to the
+            # writer thread: they are stamped on this reading.
+            self._kvl_sched.observe(getattr(metadata, "scheduler_clock", 0.0), _now())
         step = getattr(metadata, STEP_ATTR, None)
         if d is not None and step is not None:
             for rid in getattr(step, "push_revokes", ()):
@@ -406,8 +463,8 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
 
     def get_transfer_results(self) -> KVConnectorTransferResults:
         d = self._kvl_d
-        if d is not None:
-            now = _now()
+        now = self._kvl_sched.now(_now()) if d is not None else None
+        if d is not None and now is not None:  # no permit exists before a reading
             with self._kvl_inbox_lock:
                 msgs, self._kvl_inbox = self._kvl_inbox, []
             ended = d.on_messages(msgs, now) if msgs else []
@@ -492,6 +549,6 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         stop = getattr(self, "_kvl_stop", None)
         if stop is not None:
             stop.set()
-        if getattr(self, "_kvl_sampler", None) is not None:
-            self._kvl_sampler.shutdown(wait=False)
+        for sampler in getattr(self, "_kvl_samplers", {}).values():
+            sampler.shutdown(wait=False)
         super().shutdown()

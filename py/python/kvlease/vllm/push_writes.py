@@ -2,9 +2,9 @@
 accepted, the gate in front of each WRITE, and P's view of each D's clock.
 
 Owns: ``kvlease.PushWrites`` (the Rust role: registrations, the gate,
-``PEND:``/``PHB:`` out, ``PRN:``/``PRV:`` in) and one
-``kvlease.ClockEstimate`` per D engine, behind one lock; which P request
-each WRITE belongs to; the P requests P let go (by vLLM's base request id,
+``PEND:``/``PHB:`` out, ``PRN:``/``PRV:`` in), the D engines' names
+(``push_peers.PeerNames``) and clocks (``push_clocks.DClocks``), behind
+one lock; which P request each WRITE belongs to; the P requests P let go (by vLLM's base request id,
 the key vLLM matches registrations by); and the limit on how long P holds a
 registration it has not written. May not touch vLLM's state or NIXL:
 ``push_worker.py`` posts, sends and reports.
@@ -21,7 +21,8 @@ The rules it keeps (docs/push.md):
   P's heartbeats would otherwise keep D waiting for good.
 
 Threads: vLLM's ``nixl-push-writer`` registers, gates and polls; the engine's
-main thread reports finished WRITEs and the requests P let go. Clock:
+main thread reports finished WRITEs and the requests P let go; handshake and
+sampler threads report clock readings. Clock:
 ``time.monotonic()``, the clock the handshake's stamps are on
 (``handshake_adverts.ClockRound``).
 """
@@ -36,14 +37,12 @@ from typing import Any
 
 from .._native import ClockEstimate, PushConfig, PushWrites
 from ..errors import KvLeaseError
-from .push_notifs import PeerNames
+from .push_clocks import DClocks
+from .push_peers import PeerNames
 
 #: How many let-go request ids P remembers (a registration later than that
 #: finds nothing and is held until ``hold_limit``, then ended: bounded too).
 GONE_MEMORY = 65536
-#: Re-sample a D's clock once the estimate is this old (s): at the
-#: estimator's 100 ppm the bound grows 6 ms a minute.
-CLOCK_RESAMPLE_S = 60.0
 
 
 @dataclass
@@ -66,10 +65,11 @@ class PrefillPushGuard:
         self.hold_limit = hold_limit
         self._writes = PushWrites(config, random.getrandbits(64))
         self._lock = threading.Lock()
-        self.peers = PeerNames(max_peers)
-        self._clocks: dict[int, ClockEstimate] = {}
-        self._sampled_at: dict[str, float] = {}
-        self._addresses: dict[str, tuple[str, int]] = {}
+        self.peers = PeerNames(max_peers, self._writes.peers_in_use, self._peer_released)
+        self.clocks = DClocks(config.drift_ppm)
+        #: The clock estimates of the D peers that have an id, as the Rust
+        #: role's poll takes them (kept in step with ``peers``).
+        self._peer_clocks: dict[int, ClockEstimate] = {}
         #: Accepted, not yet posted: D request id -> (handle, base id, since).
         self._held: OrderedDict[str, tuple[Any, str, float]] = OrderedDict()
         #: P request id -> (handle, D request id), from the match to the end
@@ -89,35 +89,57 @@ class PrefillPushGuard:
         """Folds the clock rounds of a handshake with ``d_engine`` into P's
         estimate of its clock."""
         with self._lock:
-            peer = self.peers.id_of(d_engine)
-            if peer is None:
-                return
-            clock = self._clocks.get(peer)
-            if clock is None:
-                clock = self._clocks[peer] = ClockEstimate(self.config.drift_ppm)
-            for r in rounds:
-                if r.remote is not None and clock.observe(r.sent, r.remote, r.received) != "refused":
-                    self._sampled_at[d_engine] = now
+            self.clocks.observe(d_engine, rounds, now)
 
     def has_clock(self, d_engine: str) -> bool:
         with self._lock:
-            peer = self.peers.id_of(d_engine)
-            clock = self._clocks.get(peer) if peer is not None else None
-            return clock is not None and clock.has_sample
+            return self.clocks.estimate(d_engine) is not None
 
-    def note_address(self, d_engine: str, host: str, port: int) -> None:
-        self._addresses[d_engine] = (host, port)
+    def note_address(self, d_engine: str, host: str, port: int, now: float) -> None:
+        """P's handshake back to ``d_engine`` succeeded: its side channel is
+        where its clock is asked again."""
+        with self._lock:
+            self.clocks.note_address(d_engine, host, port, now)
 
-    def due_resamples(self, now: float) -> list[tuple[str, str, int]]:
-        """``(D engine, host, port)`` whose estimate is older than
-        :data:`CLOCK_RESAMPLE_S`; each is marked sampled now (one try per
-        period)."""
-        due = []
-        for engine, at in list(self._sampled_at.items()):
-            if now - at >= CLOCK_RESAMPLE_S and engine in self._addresses:
-                self._sampled_at[engine] = now
-                due.append((engine, *self._addresses[engine]))
-        return due
+    def due_resamples(self, now: float) -> list[tuple[str, str, int, str]]:
+        """``(D engine, host, port, lane)`` to ask for its clock now
+        (``push_clocks.DClocks.due``); report each with :meth:`resampled`."""
+        with self._lock:
+            return self.clocks.due(now)
+
+    def ask_clock_now(self, d_engine: str) -> tuple[str, str, int, str] | None:
+        """``(D engine, host, port, lane)`` to ask at once
+        (``push_clocks.DClocks.ask_now``); report it with :meth:`resampled`."""
+        with self._lock:
+            return self.clocks.ask_now(d_engine)
+
+    def resampled(self, d_engine: str, rounds: list, now: float) -> bool:
+        """The ask of ``d_engine``'s clock came back (``[]``: unanswered)."""
+        with self._lock:
+            return self.clocks.asked(d_engine, rounds, now)
+
+    def forget_engine(self, d_engine: str) -> None:
+        """vLLM forgot ``d_engine``: its clock, its address and (once
+        nothing names it) its peer id go."""
+        with self._lock:
+            self.clocks.forget(d_engine)
+            peer = self.peers.get(d_engine)
+            if peer is not None:
+                self._peer_clocks.pop(peer, None)
+            self.peers.forget_engine(d_engine)
+
+    def _peer_released(self, _engine: str, peer: int) -> None:
+        # Under self._lock (PeerNames runs inside id_of / forget_engine).
+        self._peer_clocks.pop(peer, None)
+
+    def _peer_clock(self, d_engine: str) -> tuple[int | None, ClockEstimate | None]:
+        """``d_engine``'s peer id (given one now if needed) and clock
+        estimate; the pair is what the Rust role's poll sees. Under the lock."""
+        peer = self.peers.id_of(d_engine)
+        clock = self.clocks.estimate(d_engine)
+        if peer is not None and clock is not None:
+            self._peer_clocks[peer] = clock
+        return peer, clock
 
     # -- registrations (writer thread) -------------------------------------------
 
@@ -132,11 +154,12 @@ class PrefillPushGuard:
         ``exhausted``), dropped (``malformed``, ``no_peer``: D's fence ends
         it), or ``duplicate``: one P holds already, nothing to do."""
         with self._lock:
-            peer = self.peers.id_of(d_engine)
+            peer, clock = self._peer_clock(d_engine)
             if peer is None:
                 self.counts.dropped += 1
                 return None, "no_peer"
-            clock = self._clocks.get(peer) or ClockEstimate(self.config.drift_ppm)
+            if clock is None:
+                clock = ClockEstimate(self.config.drift_ppm)  # refused: no_clock
             try:
                 handle, refusal = self._writes.register(
                     peer, permit.encode("ascii"), live, clock, now
@@ -161,8 +184,7 @@ class PrefillPushGuard:
         """Right before P posts the WRITE of ``p_rid``: whether it may."""
         with self._lock:
             bound = self._bound.get(p_rid)
-            peer = self.peers.id_of(d_engine)
-            clock = self._clocks.get(peer) if peer is not None else None
+            _peer, clock = self._peer_clock(d_engine)
             if bound is None or clock is None:
                 self._bound.pop(p_rid, None)
                 return False
@@ -208,9 +230,8 @@ class PrefillPushGuard:
                 del self._held[rid]
                 if self._writes.cancel(handle):
                     self.counts.held_too_long += 1
-            clocks = dict(self._clocks)
             out = []
-            for peer, msg in self._writes.poll(clocks, now):
+            for peer, msg in self._writes.poll(self._peer_clocks, now):
                 engine = self.peers.engine(peer)
                 if engine is not None:
                     out.append((engine, msg))
@@ -221,7 +242,7 @@ class PrefillPushGuard:
         with self._lock:
             for agent, msg in msgs:
                 engine = self.peers.engine_of_agent(agent)
-                peer = self.peers.id_of(engine) if engine is not None else None
+                peer = self.peers.get(engine) if engine is not None else None
                 if peer is None:
                     continue
                 try:
