@@ -102,6 +102,12 @@ impl PushConfig {
     fn write_bound(&self) -> f64 {
         secs(self.inner.write_bound)
     }
+    /// How long after its post P holds its own blocks for a WRITE that
+    /// never ended (s): by then D's fence has passed, so P lets them go.
+    #[getter]
+    fn hold_bound(&self) -> f64 {
+        secs(self.inner.hold_bound())
+    }
     #[getter]
     fn post_margin(&self) -> f64 {
         secs(self.inner.post_margin)

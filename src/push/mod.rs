@@ -111,6 +111,8 @@ mod tests;
 
 use core::time::Duration;
 
+use crate::time::duration_nanos;
+
 pub use permits::{PermitCounters, PermitEnd, PushEnd, PushPermits};
 pub use wire::{EndCode, PermitFields, PushWireError};
 pub use writes::{PostRefused, PushWrites, Refusal, WriteCounters, WriteHandle};
@@ -159,6 +161,30 @@ impl PushConfig {
             drift_ppm: 100,
             max_message_len: 64 * 1024,
         }
+    }
+
+    /// How long after its post P holds its own blocks for a WRITE that
+    /// never reached a terminal state (a WRITE stuck on the wire, a dead D
+    /// with UCX error handling `none`): `2 * write_bound + (extension +
+    /// write_bound) * (1 + drift)`, then a little more for the drift over
+    /// the first two terms.
+    ///
+    /// Why that is enough: P stops naming a WRITE in its `PHB:` once it is
+    /// `write_bound` old ([`PushWrites::poll`]: past the bound P no longer
+    /// vouches for it), so the last `PHB:` that can renew D's permit leaves
+    /// P by then. Delivered within `write_bound` (the bound the guard
+    /// already takes for the WRITE itself, on the same transport), it moves
+    /// D's deadline to at most its arrival plus `extension`; D's fence is
+    /// `write_bound` (plus drift) later. From then D has failed the load
+    /// and will not use what lands, so holding P's blocks protects nothing:
+    /// the engine ends the hold, counts it and logs it. Durations only: no
+    /// clock estimate is involved.
+    pub fn hold_bound(&self) -> Duration {
+        let wb = duration_nanos(self.write_bound);
+        let tail = duration_nanos(self.extension).saturating_add(wb);
+        let drift = |n: u64| n.saturating_mul(u64::from(self.drift_ppm)).div_ceil(1_000_000);
+        let body = wb.saturating_mul(2).saturating_add(tail);
+        Duration::from_nanos(body.saturating_add(drift(body)))
     }
 
     /// Checks the settings; the roles' constructors call it.

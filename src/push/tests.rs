@@ -87,6 +87,10 @@ impl Pair {
         );
     }
 
+    fn p_config(&self) -> PushConfig {
+        config()
+    }
+
     fn deliver_to_d(&mut self, t: f64) {
         for m in std::mem::take(&mut self.to_d) {
             let ends = &mut self.ends;
@@ -524,4 +528,39 @@ fn peers_in_use_name_live_entries_until_they_end() {
     assert_eq!(in_use(&mut x.d.peers_in_use()), vec![P + 1]);
     x.d.poll(on_d(40.0), |_, _| {}, |_| {});
     assert!(in_use(&mut x.d.peers_in_use()).is_empty());
+}
+
+/// A WRITE stuck in flight (it never reaches a terminal state): P stops
+/// naming it in `PHB:` once it is `write_bound` old, so D's permit lapses
+/// at its fence, and that comes before `hold_bound` after the post, when
+/// the engine ends P's own hold of its blocks.
+#[test]
+fn a_stuck_write_is_heartbeated_until_write_bound_then_d_fences_within_the_hold_bound() {
+    let mut x = Pair::new();
+    let (_, h) = x.register(1.0, true);
+    let posted = 2.0;
+    x.p.begin_write(h.unwrap(), &x.clock, secs(posted)).unwrap();
+    let hold_end = posted + x.p_config().hold_bound().as_secs_f64();
+    // 12 s permits: extension 8 s, heartbeat every 2 s, write bound 10 s.
+    assert!((hold_end - (posted + 38.0038)).abs() < 1e-6, "{hold_end}");
+    let mut renewed_after_bound = false;
+    let mut lapsed_at = None;
+    let mut t = posted;
+    while t < hold_end + 5.0 && lapsed_at.is_none() {
+        t += 0.5;
+        let before = x.to_d.len();
+        x.step(t);
+        if t > posted + 10.0 + 1e-9 && x.to_d.len() > before {
+            renewed_after_bound = true;
+        }
+        x.deliver_to_d(t);
+        x.deliver_to_p();
+        if let Some(e) = x.ends.first() {
+            assert_eq!(e.end, PushEnd::Lapsed);
+            lapsed_at = Some(t);
+        }
+    }
+    assert!(!renewed_after_bound, "P vouched for a WRITE past write_bound");
+    let lapsed_at = lapsed_at.expect("D never fenced the stuck WRITE");
+    assert!(lapsed_at > posted + 10.0 && lapsed_at <= hold_end, "{lapsed_at}");
 }

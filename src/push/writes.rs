@@ -456,12 +456,19 @@ impl PushWrites {
         );
         if now >= self.next_heartbeat {
             self.next_heartbeat = now.saturating_add(self.config.heartbeat_interval);
-            // Every held registration, without emptying `alive`.
+            // Every held registration, without emptying `alive`; not a
+            // WRITE in flight past `write_bound`: P no longer vouches for
+            // it, so D's fence comes and bounds P's own hold
+            // (`PushConfig::hold_bound`).
+            let overdue_before = now.saturating_sub(self.config.write_bound);
             let mut w = PeerMessages::new(&mut self.scratch, wire::ALIVE_PREFIX);
             let mut k = 0;
             while let Some(e) = self.alive.get(k) {
                 k += 1;
                 let r = self.writes[e as usize];
+                if matches!(r.state, State::Posted { .. }) && r.posted_at < overdue_before {
+                    continue;
+                }
                 let Some(nonce) = Nonce::new(r.nonce) else {
                     continue;
                 };

@@ -140,12 +140,16 @@ def test_p_holds_an_unmatched_registration_alive_then_ends_it_at_its_hold_limit(
     assert x.p.counts.held_too_long == 1
 
 
-def test_p_letting_its_request_go_ends_the_registration_it_held():
+def test_p_letting_its_request_go_ends_the_registration_matched_to_it():
     x = Link()
-    x.register("req-f", 1.0)
-    x.p.let_go("p-req-f", "req-f")
+    handle, _ = x.register("req-f", 1.0)
+    x.p.bind("p-req-f", "req-f", handle)  # matched; vLLM has not posted yet
+    x.p.let_go("p-req-f", "req-f")  # P's lease expired first
     x.step(1.5)
     assert x.failed == [("req-f", "ended_by_p")]
+    # vLLM's queues may still drive the WRITE: the gate refuses it now.
+    x.p.bind("p-req-f", "req-f", handle)
+    assert not x.p.begin_write("p-req-f", D_ENGINE, 1.6)
 
 
 def test_a_write_whose_completion_never_comes_fails_the_load_after_the_write_bound():

@@ -5,7 +5,9 @@ Owns: taking kvlease's push messages (``PEND:``/``PHB:`` for D, ``PRN:``/
 ``PRV:`` for P) out of what vLLM's ``nixl-push-writer`` thread drains,
 *with* the agent that sent them (vLLM's writer keeps only the bytes), and
 putting registrations back that P deferred until it had a clock sample of
-their D (:class:`NotifTap`). May not decide anything about a permit:
+their D; and the post of each guarded WRITE, which reaches NIXL only if
+the gate the worker armed on that thread lets it through at that very call
+(:meth:`NotifTap.transfer`). May not decide anything about a permit:
 ``push_permits.py`` (D) and ``push_writes.py`` (P) do; the peers' names
 are ``push_peers.py``'s.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import queue
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +39,12 @@ TO_P = (b"PRN:", b"PRV:")
 _ALL = TO_D + TO_P
 #: The sender name of a registration put back by P (no agent sent it again).
 REPLAY = "kvlease-replay"
+
+
+class GateClosed(RuntimeError):
+    """A guarded WRITE's post refused at the post itself: vLLM's WRITE
+    submission fails (it logs it and releases the transfer handle), and
+    nothing reaches NIXL."""
 
 
 class NotifTap:
@@ -57,6 +66,7 @@ class NotifTap:
         #: delivered all the same).
         self.hook_failures = 0
         self._log = RateLimitedLog(logger)
+        self._local = threading.local()
 
     @property
     def agent(self) -> Any:
@@ -65,6 +75,25 @@ class NotifTap:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._agent, name)
+
+    def arm(self, gate: Callable[[], bool]) -> None:
+        """Every ``transfer`` on this thread asks ``gate`` first, until
+        :meth:`disarm` (the worker arms it around vLLM's posting of one
+        guarded request)."""
+        self._local.gate = gate
+
+    def disarm(self) -> None:
+        self._local.gate = None
+
+    def transfer(self, handle: Any, *args: Any, **kwargs: Any) -> Any:
+        """NIXL's post of a prepared transfer, behind the armed gate: the
+        gate is checked here, right before NIXL's own call, not where vLLM
+        decided to write (a stall between the two, GIL or oneDNN, cannot
+        carry a WRITE past D's deadline)."""
+        gate = getattr(self._local, "gate", None)
+        if gate is not None and not gate():
+            raise GateClosed("kvlease: the push gate closed before this WRITE's post")
+        return self._agent.transfer(handle, *args, **kwargs)
 
     def replay(self, notif: bytes) -> None:
         """Hands ``notif`` (a ``PUSH_REG``) to vLLM's writer again at its next

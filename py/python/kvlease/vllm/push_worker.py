@@ -73,6 +73,31 @@ def _now() -> float:
     return time.monotonic()
 
 
+class _PostGate:
+    """The gate of one guarded request's WRITE, asked by the tap at each
+    post on the writer thread. The guard requires P's TP size equal to D's
+    and no pipeline parallelism, so a request posts one transfer: the first
+    post asks P's guard (``PrefillPushGuard.begin_write``), and any further
+    post of the same request is refused (fail closed: an incomplete WRITE
+    is answered ``X`` once the posted part ended)."""
+
+    def __init__(self, p: PrefillPushGuard, req_id: str, engine: str, on_pass: Any) -> None:
+        self._p, self._req_id, self._engine, self._on_pass = p, req_id, engine, on_pass
+        self.passed = False
+        self.refused = False
+
+    def __call__(self) -> bool:
+        if self.passed or self.refused:
+            self.refused = True
+            return False
+        if self._p.begin_write(self._req_id, self._engine, _now()):
+            self.passed = True
+            self._on_pass(self._req_id)
+            return True
+        self.refused = True
+        return False
+
+
 class KvLeasePushWorker(NixlPushConnectorWorker):
     """vLLM's NIXL push worker with kvlease's push guard (module docs)."""
 
@@ -117,13 +142,16 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
             self._kvl_p = PrefillPushGuard(
                 config, settings.config.max_peers, hold_limit=config.duration
             )
-            # P requests whose guarded WRITE may read P's blocks, and the
-            # releases held back for them (see _kvl_release).
+            # P requests whose guarded WRITE may read P's blocks (since
+            # when, P's clock), and the releases held back for them (see
+            # _kvl_release), for at most the hold bound.
             self._kvl_release_lock = threading.Lock()
-            self._kvl_writing: set[str] = set()
+            self._kvl_hold_bound = config.hold_bound
+            #: The P request whose guarded WRITE vLLM is posting on this thread.
+            self._kvl_guarded = threading.local()
+            self._kvl_writing: dict[str, float] = {}
             self._kvl_held_back: set[str] = set()
             self._kvl_done_back: set[str] = set()
-            self._kvl_released: dict[str, None] = {}
         self._kvl_tap = NotifTap(self.nixl_wrapper, self._kvl_on_messages, self._kvl_on_drain)
         self.nixl_wrapper = self._kvl_tap
         self._kvl_stop = threading.Event()
@@ -276,7 +304,11 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
                 return
         self._kvl_deferred.discard(rid)
         base = get_base_request_id(rid)
-        match = None if p.is_gone(base) else self._pop_matching_finished_blocks(rid)
+        # A P request of this base that holds its blocks first (vLLM's own
+        # match: exact id, then base id), so a client's retry with the same
+        # X-Request-Id is written; "gone" refuses only a registration that
+        # finds none.
+        match = self._pop_matching_finished_blocks(rid)
         live = match is not None or not p.is_gone(base)
         handle, refusal = p.register(engine, permit, rid, base, live, _now())
         logger.debug("kvlease: registration %s from D %s: %s (matched %s)", rid, engine,
@@ -333,48 +365,73 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
                           registration_data: dict[str, Any]) -> None:
         p = self._kvl_p
         handle = registration_data.get(_HANDLE_KEY)
-        if p is not None and handle is not None:
-            p.bind(request_id, registration_data["request_id"], handle)
-        super()._do_start_push_kv(request_id, local_block_ids, registration_data)
+        if p is None or handle is None:
+            return super()._do_start_push_kv(request_id, local_block_ids, registration_data)
+        # vLLM posts this request's WRITE inside this call (now, or when it
+        # drives the call again once P's handshake back to D is done): the
+        # WRITE is guarded by the registration's own handle, so no memory
+        # of what P released is needed (_xfer_blocks_for_req).
+        p.bind(request_id, registration_data["request_id"], handle)
+        self._kvl_guarded.current = request_id
+        try:
+            super()._do_start_push_kv(request_id, local_block_ids, registration_data)
+        finally:
+            self._kvl_guarded.current = None
 
     def _xfer_blocks_for_req(self, req_id: str, meta: Any) -> None:
-        p = self._kvl_p
-        if p is None or not p.is_bound(req_id):
+        p, tap = self._kvl_p, self._kvl_tap
+        guarded = getattr(self._kvl_guarded, "current", None) == req_id
+        if p is None or tap is None or not (guarded or p.is_bound(req_id)):
             return super()._xfer_blocks_for_req(req_id, meta)
-        # P's own lease first: once it expired, P's blocks may hold another
-        # request's KV already (vLLM posts such a WRITE; vllm#55470). The
-        # main thread holds a release back while a guarded WRITE flies
-        # (get_transfer_results), so the check stays true until write_done.
-        holds = self._kvl_holds(req_id)
-        if not (holds and p.begin_write(req_id, meta.remote.engine_id, _now())):
-            if holds:
-                self._kvl_write_ended(req_id)
-            else:
-                p.end_unposted(req_id)
-            logger.debug("kvlease: gate closed for the WRITE of %s", req_id)
-            self._kvl_record("kv_push_gate_closed")
-            self._push_writer_wake.set()
-            return
+        # P's own lease: once it expired, P's blocks may hold another
+        # request's KV already (vLLM posts such a WRITE; vllm#55470). P's
+        # release ends the registration (let_go), so the gate refuses any
+        # post after it; and from here the main thread holds a release back
+        # while this WRITE may read the blocks (_kvl_release).
+        self._kvl_holds(req_id)
+        # The gate itself is asked at the post (NotifTap.transfer), not here:
+        # vLLM computes descriptors and prepares the transfer in between.
+        gate = _PostGate(p, req_id, meta.remote.engine_id, self._kvl_posted)
+        tap.arm(gate)
         try:
             super()._xfer_blocks_for_req(req_id, meta)
         finally:
+            tap.disarm()
             with self._sending_transfers_lock:
                 posted = bool(self._sending_transfers.get(req_id))
-            if not posted:
-                p.write_failed({req_id})
-                p.write_done(req_id, _now())
+            if gate.refused:
+                if posted:  # a later rank refused: the WRITE is incomplete
+                    p.write_failed({req_id})  # X once the posted ones end
+                else:
+                    self._kvl_write_ended(req_id)
+                    self._kvl_gate_closed(req_id)
+            elif not posted:
+                if gate.passed:  # NIXL refused the post: nothing in flight
+                    p.write_failed({req_id})
+                    p.write_done(req_id, _now())
+                else:  # vLLM posted nothing (no blocks): nothing to gate
+                    p.end_unposted(req_id)
                 self._kvl_write_ended(req_id)
+
+    def _kvl_posted(self, req_id: str) -> None:
+        """The gate let ``req_id``'s WRITE through: P's hold counts from here."""
+        with self._kvl_release_lock:
+            if req_id in self._kvl_writing:
+                self._kvl_writing[req_id] = _now()
+
+    def _kvl_gate_closed(self, req_id: str) -> None:
+        logger.debug("kvlease: gate closed for the WRITE of %s", req_id)
+        self._kvl_record("kv_push_gate_closed")
+        self._push_writer_wake.set()
 
     # -- both: the writer's drains -------------------------------------------------
 
-    def _kvl_holds(self, req_id: str) -> bool:
-        """Whether P still holds the blocks of its request ``req_id``
-        (vLLM's lease of it has not expired)."""
+    def _kvl_holds(self, req_id: str) -> None:
+        """From now until the WRITE of ``req_id`` ended, P's release of its
+        blocks waits (at most the hold bound). A release that came first
+        ended the registration already: the gate then refuses the post."""
         with self._kvl_release_lock:
-            if req_id in self._kvl_released:
-                return False
-            self._kvl_writing.add(req_id)
-            return True
+            self._kvl_writing[req_id] = _now()
 
     def _kvl_on_messages(self, msgs: list[tuple[str, bytes]]) -> None:
         to_p = [m for m in msgs if m[1].startswith(TO_P)]
@@ -504,21 +561,38 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
                 if rid in self._kvl_writing:
                     results.finished_sending.discard(rid)
                     self._kvl_held_back.add(rid)
-                else:
-                    self._kvl_released[rid] = None
+            self._kvl_end_overdue_holds(_now())
             results.finished_sending.update(self._kvl_done_back)
-            for rid in self._kvl_done_back:
-                self._kvl_released[rid] = None
             self._kvl_done_back.clear()
-            while len(self._kvl_released) > 4096:
-                del self._kvl_released[next(iter(self._kvl_released))]
-        for rid in results.finished_sending:
-            p.let_go(rid, get_base_request_id(rid))
+            # Under the lock: a post that starts after this finds its
+            # registration ended (let_go), whatever vLLM still queues.
+            for rid in results.finished_sending:
+                p.let_go(rid, get_base_request_id(rid))
         late = p.take_late_writes()
         if late:
             self._kvl_record("kv_push_late_writes", late)
         if results.finished_sending:
             self._push_writer_wake.set()
+
+    def _kvl_end_overdue_holds(self, now: float) -> None:
+        """Held-back releases whose WRITE is past the hold bound go back
+        (``PushConfig.hold_bound``: D's fence has passed, so the blocks
+        protect nothing any more). Under ``_kvl_release_lock``; one look at
+        each held-back release, which are few (WRITEs outliving P's lease)."""
+        for rid in list(self._kvl_held_back):
+            since = self._kvl_writing.get(rid)
+            if since is None or now - since <= self._kvl_hold_bound:
+                continue
+            del self._kvl_writing[rid]
+            self._kvl_held_back.discard(rid)
+            self._kvl_done_back.add(rid)
+            self._kvl_record("kv_push_holds_ended")
+            self._kvl_log.warning(
+                "hold_ended",
+                "kvlease: the guarded WRITE of request %s has not ended %.0f s after "
+                "its post (hold bound): D's fence has passed, P's blocks go back",
+                rid, now - since,
+            )
 
     def _pop_done_transfers(self, transfers: Any) -> tuple[set[str], set[str]]:
         done, failed = super()._pop_done_transfers(transfers)
@@ -535,7 +609,7 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
 
     def _kvl_write_ended(self, rid: str) -> None:
         with self._kvl_release_lock:
-            self._kvl_writing.discard(rid)
+            self._kvl_writing.pop(rid, None)
             if rid in self._kvl_held_back:
                 self._kvl_held_back.discard(rid)
                 self._kvl_done_back.add(rid)

@@ -78,6 +78,8 @@ class PrefillPushGuard:
         #: the gate, never vLLM's unguarded path. (A handshake that fails
         #: leaves its entry: one per failed handshake.)
         self._bound: dict[str, tuple[Any, str]] = {}
+        #: P requests whose WRITE the gate let through, until write_done.
+        self._posted: set[str] = set()
         self._failed: set[str] = set()
         self._gone: OrderedDict[str, None] = OrderedDict()
         self._late_seen = 0
@@ -195,20 +197,23 @@ class PrefillPushGuard:
             if self._writes.begin_write(handle, clock, now) is not None:
                 self._bound.pop(p_rid, None)
                 return False
+            self._posted.add(p_rid)
             return True
 
     def end_unposted(self, p_rid: str) -> None:
         """P will not post the WRITE of ``p_rid`` (it no longer holds the
-        blocks): the registration ends (``PEND:X``)."""
+        blocks): the registration ends (``PEND:X``). A WRITE already posted
+        is not affected (its end is :meth:`write_done`'s)."""
         with self._lock:
-            bound = self._bound.pop(p_rid, None)
+            bound = self._bound.get(p_rid)
             if bound is None:
                 return
             handle, d_rid = bound
             held = self._held.get(d_rid)
             if held is not None and held[0] == handle:
                 del self._held[d_rid]
-            self._writes.cancel(handle)
+            if self._writes.cancel(handle) or p_rid not in self._posted:
+                del self._bound[p_rid]
 
     def take_late_writes(self) -> int:
         """WRITEs that ended more than ``write_bound`` after they were let
@@ -263,6 +268,7 @@ class PrefillPushGuard:
             bound = self._bound.pop(p_rid, None)
             failed = p_rid in self._failed
             self._failed.discard(p_rid)
+            self._posted.discard(p_rid)
             if bound is None:
                 return False
             self._writes.write_done(bound[0], not failed, now)
@@ -270,16 +276,19 @@ class PrefillPushGuard:
 
     def let_go(self, p_rid: str, base_id: str) -> None:
         """P freed the blocks of ``p_rid`` (WRITE done, or its lease
-        expired): later registrations for it are refused, held ones end."""
+        expired, with no guarded WRITE reading them: ``push_worker.py``
+        holds such a release back). Its registration, if one was matched
+        and not posted, ends (``X``), so no later post of it can pass the
+        gate, whatever vLLM's queues still hold; and a registration that
+        finds no P request of ``base_id`` holding blocks is refused from now
+        on (``is_gone``). Registrations held for *other* requests of the
+        same base id (a client's retry) are not touched. O(1)."""
+        self.end_unposted(p_rid)
         with self._lock:
             self._gone[base_id] = None
             self._gone.move_to_end(base_id)
             while len(self._gone) > GONE_MEMORY:
                 self._gone.popitem(last=False)
-            for rid, (handle, base, _since) in list(self._held.items()):
-                if base == base_id:
-                    del self._held[rid]
-                    self._writes.cancel(handle)
 
     def counters(self) -> dict[str, int]:
         with self._lock:

@@ -121,6 +121,13 @@ LEASE_KEYS: dict[str, tuple[str, str, str]] = {
         "P posted them. Past that bound D may have freed the blocks: raise the bound "
         "above the transport's own give-up time (docs/push.md).",
     ),
+    "kv_push_holds_ended": (
+        "KV push holds ended",
+        "vllm:kv_push_holds_ended",
+        "P (push): releases of P's blocks held back for a guarded WRITE that never "
+        "ended, let go at the hold bound (2 x write bound + extension + write bound "
+        "after the post): D's fence has passed by then (docs/push.md).",
+    ),
     "kv_push_gate_closed": (
         "KV push WRITEs not posted",
         "vllm:kv_push_gate_closed",
