@@ -328,8 +328,9 @@ def test_d_warns_when_its_heartbeat_rounds_ran_later_than_the_lease_margin(monke
         return [r.getMessage() for r in caplog.records if "went out" in r.getMessage()]
 
     step(0.0, True)  # nothing to heartbeat
+    clock[0] += 30.0  # an idle spell
     s.on_new_request(d_request(1, (3, 77)))
-    step(30.0, True)  # the first round after an idle spell: no gap to measure
+    step(0.0, True)  # the first round after an idle spell: no gap to measure
     step(2.9, False)  # steps between rounds do not count
     step(0.05, True)  # rounds 2.95 s apart: under the margin
     assert not late_lines()
@@ -343,8 +344,9 @@ def test_d_warns_when_its_heartbeat_rounds_ran_later_than_the_lease_margin(monke
     assert s.kvl_take_stats() is None, "taken: the next report starts from zero"
     s._stop_heartbeat("id-1")  # its KV arrived: nothing waits
     step(0.5, True)
+    clock[0] += 20.0  # 20 s without a wait ...
     s.on_new_request(d_request(2, (4, 78)))
-    step(20.0, True)  # a new wait after 20 s without one: no late round
+    step(0.0, True)  # ... then a new one: no late round
     assert len(late_lines()) == 1
 
 
@@ -352,15 +354,17 @@ def test_d_counts_a_first_heartbeat_that_went_out_late_after_the_request_reached
         monkeypatch, caplog):
     """The gap between rounds cannot see a request whose first round came
     late: none was due for it (and after an idle D there is no last round).
-    D's API server and EngineCore's input queue hold a request while the
-    engine is stalled in a step, and P's lease runs all the while; D counts
-    the round that first carries it as late when it went out more than
-    extension - interval after the request reached D (its arrival_time)."""
+    A stalled step holds a request D's scheduler took in, and P's lease runs
+    all the while; D counts the round that first carries it as late when it
+    went out more than extension - interval after the scheduler took it in,
+    on the scheduler's own clock. A request's ``arrival_time`` (the API
+    server's wall clock, maybe another host's) is not read: an hour of skew
+    in it changes nothing (issue 38, item 10; before, it was the measure)."""
     import kvlease.vllm.scheduler as sched_mod
 
     s = d_scheduler_counting_late_rounds()
     wall = [5000.0]
-    monkeypatch.setattr(sched_mod, "_wall", lambda: wall[0])
+    monkeypatch.setattr(sched_mod, "_now", lambda: wall[0])
     caplog.set_level("WARNING", logger="vllm.kvlease.scheduler")
 
     def round_after(seconds: float) -> None:
@@ -370,7 +374,7 @@ def test_d_counts_a_first_heartbeat_that_went_out_late_after_the_request_reached
 
     def arrive(n: int):
         r = d_request(n, (n, 70 + n))
-        r.arrival_time = wall[0]
+        r.arrival_time = wall[0] - 3600.0 * (1 if n % 2 else -1)  # another host's clock
         s.on_new_request(r)
         return r
 
@@ -381,16 +385,26 @@ def test_d_counts_a_first_heartbeat_that_went_out_late_after_the_request_reached
         stats = s.kvl_take_stats()
         return 0 if stats is None else int(stats.lease_total("kv_lease_late_heartbeat_rounds"))
 
-    arrive(1)
+    def idle() -> None:
+        """Nothing left to heartbeat: the next round has no gap to measure."""
+        wall[0] += 0.1
+        s._last_heartbeat_time = -1e9
+        s.build_connector_meta(MagicMock())
+
+    first = arrive(1)  # on an idle D
     round_after(2.5)  # its first round 2.5 s after it arrived: on time
     assert not first_lines() and late_total() == 0
-    arrive(2)
+    s._stop_heartbeat(first.request_id)
+    idle()
+    second = arrive(2)  # on an idle D again
     round_after(3.6)  # the engine stalled: its first round 3.6 s after
     lines = first_lines()
     assert len(lines) == 1 and "3.6 s after" in lines[0] and "warned past 3.0 s" in lines[0], lines
     assert late_total() == 1
     round_after(1.0)  # carried before: no longer a first round
     assert late_total() == 0 and len(first_lines()) == 1
+    s._stop_heartbeat(second.request_id)
+    idle()
     # A request whose KV arrived before any round carried it is no first
     # round of anyone's: it does not make a later round late.
     third = arrive(3)
@@ -399,5 +413,5 @@ def test_d_counts_a_first_heartbeat_that_went_out_late_after_the_request_reached
     wall[0] += 10.0
     fifth = arrive(5)
     s._stop_heartbeat(fifth.request_id)
-    round_after(0.5)  # request 4 waited 10.5 s: late, once
+    round_after(0.5)  # request 4 waited 10.5 s on an idle D: late, once
     assert late_total() == 1 and len(first_lines()) == 2

@@ -165,3 +165,17 @@ def test_idle_peers_go_after_a_lease_duration_and_come_back_on_use():
     finish_load(checks, start_load(checks, fleet[1], now=200.0))
     assert [v for _, v in checks.step(agent, 200.0)] == ["verified"]
     assert checks.peers == 1
+
+
+def test_a_p_rank_whose_advert_was_never_recorded_is_not_read_as_a_stock_p():
+    """Issue 38, item 10: ``peer_for`` runs only for a request that carries
+    lease fields. A P rank with no advert on record (a handshake whose
+    replies kvlease did not see) used to read as a stock P (None), and the
+    load was used unverified; now it cannot be checked, so it fails.
+    A rank recorded as advertising nothing is still a stock P."""
+    checks, _agent = checker()
+    with pytest.raises(FabricError) as e:
+        checks.peer_for("never-seen", 1.0)
+    assert e.value.reason == "Unrecorded"
+    checks.record_adverts({(0, 0): "stock-p"}, {(0, 0): None})
+    assert checks.peer_for("stock-p", 1.0) is None

@@ -14,6 +14,7 @@ post that raises), and the clock is the test's.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections import defaultdict
 from types import SimpleNamespace
@@ -90,7 +91,8 @@ class P:
         w._kvl_hold_bound = self.config.hold_bound
         w._kvl_guarded = threading.local()
         w._kvl_writing, w._kvl_held_back, w._kvl_done_back = {}, set(), set()
-        w._kvl_deferred, w._kvl_asks = set(), {}
+        w._kvl_evict = queue.SimpleQueue()
+        w._kvl_replaying, w._kvl_asks = set(), {}
         w._sending_transfers = defaultdict(list)
         w._sending_transfers_lock = threading.Lock()
         w._push_writer_wake = threading.Event()
@@ -240,6 +242,20 @@ def test_a_registration_for_a_request_p_let_go_is_still_refused_at_once(monkeypa
     assert x.answers() == [("chat-8-bbbb2222", "refused")]
 
 
+def test_a_registration_right_after_p_released_its_request_matches_nothing(monkeypatch):
+    """vLLM takes a released request out of its table of finished blocks
+    only at its writer's next loop; a registration handled in between used
+    to be kept off it by the 'gone' check before the match. The release now
+    takes it out first: refused at once, nothing posted."""
+    x = _p(monkeypatch)
+    x.prefill("chat-6-aaaa1111")
+    assert x.release("chat-6-aaaa1111") == {"chat-6-aaaa1111"}  # P's lease expired
+    assert "chat-6-aaaa1111" in x.w._push_finished_blocks  # vLLM has not evicted it yet
+    x.w._handle_push_reg_notif(x.registration("chat-6-bbbb2222"))
+    assert x.agent.posted == []
+    assert x.answers() == [("chat-6-bbbb2222", "refused")]
+
+
 def test_letting_one_request_go_leaves_a_retrys_held_registration_alone(monkeypatch):
     """Before: ``let_go`` ended every held registration with the same base
     id, a newer request's among them."""
@@ -273,3 +289,86 @@ def test_a_write_that_never_ends_holds_ps_blocks_for_at_most_the_hold_bound(monk
     assert x.release() == {"req-e-aaaa1111"}, "the hold ends at the bound"
     assert x.lease_total("kv_push_holds_ended") == 1
     assert x.w._kvl_writing == {} and x.w._kvl_held_back == set()
+
+
+# -- item 8: sent or not, from what vLLM did -------------------------------------------
+
+
+class D:
+    """One D worker (``KvLeasePushWorker``, D side only)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, vllm_sends: bool) -> None:
+        from kvlease.vllm.scheduler_clock import SchedulerClock
+
+        self.clock = Clock(1.0 + SKEW)
+        monkeypatch.setattr(push_worker, "_now", self.clock)
+        config = PushConfig(12.0, capacity=16)
+        self.sent: list = []
+        w = self.w = object.__new__(KvLeasePushWorker)
+        w._kvl_d = DecodePushGuard(config, max_peers=4, seed=8)
+        w._kvl_d.note_p(P_ENGINE, 1)
+        w._kvl_d.peers.note_agents(P_ENGINE, ["p-agent"])
+        w._kvl_sched = SchedulerClock(config.drift_ppm)
+        w._kvl_sched.observe(self.clock.t, self.clock.t)
+        w._kvl_require = False
+        w._kvl_log = RateLimitedLog(logging.getLogger("test"))
+        w.xfer_stats = KvLeaseConnectorStats()
+        w.world_size = 1
+        w._handshake_lock = threading.Lock()
+        w._remote_agents = {}  # the plugin's snapshot sees no agent yet ...
+        w._failed_recv_reqs = queue.Queue()
+        w._kvl_tap = NotifTap(SimpleNamespace(send_notif=lambda a, notif_msg: self.sent.append(a)),
+                              lambda msgs: None)
+        w.nixl_wrapper = w._kvl_tap
+
+        def do_send_reg_notif(self, req_id, reg_data):
+            # ... while vLLM's own snapshot, a moment later, finds P's agent
+            # (a handshake completed in between), or still none.
+            if vllm_sends:
+                self.nixl_wrapper.send_notif("p-agent", notif_msg=PUSH_REG_NOTIF_PREFIX + b"...")
+            else:
+                self._failed_recv_reqs.put(req_id)
+
+        monkeypatch.setattr(NixlPushConnectorWorker, "_do_send_reg_notif", do_send_reg_notif)
+
+    def send(self, rid: str) -> None:
+        self.w._do_send_reg_notif(rid, {"remote_engine_id": P_ENGINE, "remote_tp_size": 1})
+
+
+def test_a_registration_vllm_sent_keeps_its_permit_whatever_the_plugin_saw_before(monkeypatch):
+    """Before: the plugin decided from its own look at ``_remote_agents``
+    before vLLM's; a handshake completing in between sent the PUSH_REG with
+    a permit the plugin had forgotten, so P's answer was ignored and D held
+    the blocks for good."""
+    x = D(monkeypatch, vllm_sends=True)
+    x.send("req-s")
+    assert x.sent == ["p-agent"]
+    assert x.w._kvl_d.live == 1, "the permit P may write under is D's to end"
+    x.clock.t += 12.0 + 10.0 + 0.1  # no answer ever came: D's fence
+    _sends, fenced = x.w._kvl_d.poll(x.clock.t)
+    assert fenced == [("req-s", "lapsed")], "the load fails at the fence, not never"
+
+
+def test_a_registration_vllm_never_tried_gives_its_permit_back(monkeypatch):
+    x = D(monkeypatch, vllm_sends=False)
+    x.send("req-t")
+    assert x.sent == [] and x.w._failed_recv_reqs.get_nowait() == "req-t"
+    x.clock.t += 12.0 + 10.0 + 0.1
+    _sends, fenced = x.w._kvl_d.poll(x.clock.t)
+    assert fenced == [], "forgotten: vLLM failed the load itself"
+
+
+# -- item 10: D's own pipeline parallelism ----------------------------------------------
+
+
+def test_a_d_with_pipeline_parallelism_does_not_guard_its_pushes(monkeypatch):
+    """Before: the guard checked P's pipeline parallelism only; a D with PP
+    took permits for pushes the guard cannot cover (one WRITE per request)."""
+    x = D(monkeypatch, vllm_sends=True)
+    x.w.pp_size = 2
+    x.send("req-u")
+    assert x.sent == ["p-agent"], "vLLM's own push, unguarded (require off)"
+    assert x.w._kvl_d.live == 0 and x.w._kvl_d.counts.unguarded == 1
+    x.w._kvl_require = True
+    x.send("req-v")
+    assert x.sent == ["p-agent"] and x.w._failed_recv_reqs.get_nowait() == "req-v"

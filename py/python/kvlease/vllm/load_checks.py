@@ -153,7 +153,17 @@ class LoadChecks:
             self._last_used[agent_name] = now
             return found
         with self._lock:
+            recorded = agent_name in self._adverts
             advert = self._adverts.get(agent_name)
+        if not recorded:
+            # Only a request with lease fields comes here: a P rank whose
+            # advert was never recorded (a handshake whose replies kvlease
+            # did not see) is not a stock P, and its load is not used unread.
+            raise FabricError(
+                "kvlease: no lease advert of this P rank was recorded at handshake; "
+                "its loads cannot be checked",
+                "Unrecorded",
+            )
         if advert is None:
             return None
         if advert == UNKNOWN:

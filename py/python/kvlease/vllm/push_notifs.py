@@ -85,6 +85,28 @@ class NotifTap:
     def disarm(self) -> None:
         self._local.gate = None
 
+    def count_sends(self, prefix: bytes) -> None:
+        """From now on this thread counts its ``send_notif`` calls whose
+        message starts with ``prefix`` (:meth:`sends`), until
+        :meth:`stop_counting`: what vLLM did, not what it was about to do."""
+        self._local.count_prefix = prefix
+        self._local.sends = 0
+
+    def sends(self) -> int:
+        return getattr(self._local, "sends", 0)
+
+    def stop_counting(self) -> None:
+        self._local.count_prefix = None
+
+    def send_notif(self, agent_name: Any, *args: Any, **kwargs: Any) -> Any:
+        prefix = getattr(self._local, "count_prefix", None)
+        if prefix is not None:
+            msg = kwargs.get("notif_msg", args[0] if args else b"")
+            raw = msg.encode() if isinstance(msg, str) else msg
+            if isinstance(raw, (bytes, bytearray)) and raw.startswith(prefix):
+                self._local.sends += 1  # an attempt: one that raised may have left
+        return self._agent.send_notif(agent_name, *args, **kwargs)
+
     def transfer(self, handle: Any, *args: Any, **kwargs: Any) -> Any:
         """NIXL's post of a prepared transfer, behind the armed gate: the
         gate is checked here, right before NIXL's own call, not where vLLM

@@ -34,6 +34,7 @@ writer then sleeps until the next request.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -126,8 +127,9 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         self._kvl_samplers: dict[str, ThreadPoolExecutor] = {}
         #: The ask of each D engine's clock in flight (at most one each).
         self._kvl_asks: dict[str, Future] = {}
-        #: Registrations deferred once already for want of D's clock.
-        self._kvl_deferred: set[str] = set()
+        #: Registrations put back after waiting for D's clock: not deferred
+        #: again (until handled).
+        self._kvl_replaying: set[str] = set()
         if settings.consumer:
             if clock_is_shared():
                 self._kvl_d = DecodePushGuard(config, settings.config.max_peers)
@@ -152,6 +154,8 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
             self._kvl_writing: dict[str, float] = {}
             self._kvl_held_back: set[str] = set()
             self._kvl_done_back: set[str] = set()
+            #: Released P requests for the writer to take out of vLLM's table.
+            self._kvl_evict: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._kvl_tap = NotifTap(self.nixl_wrapper, self._kvl_on_messages, self._kvl_on_drain)
         self.nixl_wrapper = self._kvl_tap
         self._kvl_stop = threading.Event()
@@ -236,8 +240,9 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         why = None
         if not isinstance(engine, str) or not d.p_speaks_guard(engine):
             why = "P does not advertise kvlease's push guard"
-        elif reg_data.get("remote_tp_size") != self.world_size or reg_data.get("remote_pp_size", 1) != 1:
-            why = "the guard needs P's TP size equal to D's, and no pipeline parallelism"
+        elif (reg_data.get("remote_tp_size") != self.world_size
+              or reg_data.get("remote_pp_size", 1) != 1 or getattr(self, "pp_size", 1) != 1):
+            why = "the guard needs P's TP size equal to D's, and no pipeline parallelism on either"
         if why is not None:
             if self._kvl_require:
                 return self._kvl_unguardable(req_id, why)
@@ -251,11 +256,18 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         if permit is None:
             return self._kvl_unguardable(req_id, "no write permit (revoked, or none free)")
         self._kvl_record("kv_push_permits")
-        with self._handshake_lock:
-            reachable = bool(self._remote_agents.get(engine))
-        super()._do_send_reg_notif(req_id, {**reg_data, PERMIT_KEY: permit})
-        if not reachable:
-            d.forget(req_id)  # vLLM failed the load: nothing was sent
+        # Whether vLLM sent it, from what vLLM did: it tries every agent of
+        # P it knows, or (none known) fails the load without a try. One try
+        # is enough to keep the permit: a send that raised may still have
+        # left, and the permit then ends at P's answer or at the fence.
+        self._kvl_tap.count_sends(PUSH_REG_NOTIF_PREFIX)
+        try:
+            super()._do_send_reg_notif(req_id, {**reg_data, PERMIT_KEY: permit})
+        finally:
+            tried = self._kvl_tap.sends()
+            self._kvl_tap.stop_counting()
+            if not tried:
+                d.forget(req_id)  # vLLM failed the load: nothing left
 
     def _kvl_unguardable(self, req_id: str, why: str) -> None:
         """Nothing goes to P, so P never writes: the load fails at once."""
@@ -289,25 +301,27 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         if not (isinstance(rid, str) and isinstance(engine, str) and isinstance(permit, str)):
             p.counts.dropped += 1
             return
-        if not p.has_clock(engine) and rid not in self._kvl_deferred:
-            # Once per registration: P's handshake back to D, or (done, but
-            # it gave no clock reading) one ask of D's clock; then the
-            # registration comes again, and without a clock it is refused
-            # (PEND:R: D fails the load at once rather than at its fence).
+        if not p.has_clock(engine) and rid not in self._kvl_replaying:
+            # P's handshake back to D, or (done, but it gave no clock
+            # reading) one ask of D's clock; then the registration comes
+            # again (a copy the wire doubled meanwhile waits the same way).
+            # The replay itself is not deferred again: without a clock it
+            # is refused (PEND:R: D fails the load at once, not at its fence).
             fut = self._kvl_handshake_back(reg)
             if fut is None:
                 fut = self._kvl_ask_clock_now(engine)
             if fut is not None:
                 p.counts.deferred += 1
-                self._kvl_deferred.add(rid)
                 fut.add_done_callback(lambda f, n=notif, r=rid: self._kvl_replay(f, n, r))
                 return
-        self._kvl_deferred.discard(rid)
+        self._kvl_replaying.discard(rid)
         base = get_base_request_id(rid)
         # A P request of this base that holds its blocks first (vLLM's own
         # match: exact id, then base id), so a client's retry with the same
         # X-Request-Id is written; "gone" refuses only a registration that
-        # finds none.
+        # finds none. What P released is out of vLLM's table first: vLLM
+        # evicts it only at its writer's next loop.
+        self._kvl_evict_released()
         match = self._pop_matching_finished_blocks(rid)
         live = match is not None or not p.is_gone(base)
         handle, refusal = p.register(engine, permit, rid, base, live, _now())
@@ -326,6 +340,20 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
             self._pending_d_registrations[rid] = reg
         else:
             self._do_start_push_kv(match[0], match[1], reg)
+
+    def _kvl_evict_released(self) -> None:
+        """Writer thread: P requests P released leave vLLM's table of
+        finished blocks waiting for a registration (``_kvl_release`` queues
+        them as it lets them go). A registration handled after a release
+        cannot match it; one matched before has its registration ended by
+        the release, so the gate refuses its post. Either way no WRITE reads
+        blocks P freed, and nothing is remembered for it."""
+        while True:
+            try:
+                rid = self._kvl_evict.get_nowait()
+            except queue.Empty:
+                return
+            self._push_finished_blocks.pop(rid, None)
 
     def _kvl_handshake_back(self, reg: dict[str, Any]) -> Future | None:
         try:
@@ -353,11 +381,11 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
     def _kvl_replay(self, fut: Future, notif: bytes, rid: str) -> None:
         if fut.exception() is not None:
             # No way to D at all: nothing can answer it; D's fence ends it.
-            self._kvl_deferred.discard(rid)
             if self._kvl_p is not None:
                 self._kvl_p.counts.dropped += 1
             return
         if self._kvl_tap is not None:
+            self._kvl_replaying.add(rid)
             self._kvl_tap.replay(notif)
         self._push_writer_wake.set()
 
@@ -446,6 +474,7 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         p = self._kvl_p
         if p is None:
             return
+        self._kvl_evict_released()
         now = _now()
         sends = p.poll(now)
         if sends:
@@ -565,9 +594,11 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
             results.finished_sending.update(self._kvl_done_back)
             self._kvl_done_back.clear()
             # Under the lock: a post that starts after this finds its
-            # registration ended (let_go), whatever vLLM still queues.
+            # registration ended (let_go), whatever vLLM still queues, and a
+            # registration handled after this cannot match it.
             for rid in results.finished_sending:
                 p.let_go(rid, get_base_request_id(rid))
+                self._kvl_evict.put(rid)
         late = p.take_late_writes()
         if late:
             self._kvl_record("kv_push_late_writes", late)

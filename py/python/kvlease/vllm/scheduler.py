@@ -48,11 +48,6 @@ def _now() -> float:
     return time.monotonic()
 
 
-def _wall() -> float:
-    """The clock of vLLM's ``Request.arrival_time`` (its API server's)."""
-    return time.time()
-
-
 _F53 = float(1 << 53)
 
 
@@ -93,8 +88,8 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
     #: request to heartbeat since), and the longest gap between two rounds
     #: that leaves P's lease its margin (late-heartbeat warning).
     _kvl_last_round: float | None = None
-    #: D: the heartbeated requests no round has carried yet, with their
-    #: arrival at D (vLLM's ``Request.arrival_time``, wall clock).
+    #: D: the heartbeated requests no round has carried yet, with when this
+    #: scheduler took them in (its own monotonic clock).
     _kvl_unannounced: dict[str, float] | None = None
     _kvl_round_gap_limit: float = 0.0
     _kvl_extension: float = 0.0
@@ -143,9 +138,13 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
         key = self._heartbeat_req_engine.get(request.request_id)
         if key is not None:
             book.track(key[0], key[1], read_fields(request.kv_transfer_params))
-            arrival = getattr(request, "arrival_time", None)
-            if self._kvl_unannounced is not None and isinstance(arrival, (int, float)):
-                self._kvl_unannounced[request.request_id] = float(arrival)
+            if self._kvl_unannounced is not None:
+                # This process's clock, not the request's arrival_time: that
+                # is the API server's wall clock, which may be another
+                # host's (a headless DP engine) or step under NTP, and
+                # inflated this count. The time the request spent before
+                # this scheduler took it in is not counted (said in the docs).
+                self._kvl_unannounced[request.request_id] = _now()
 
     def _stop_heartbeat(self, req_id: str) -> None:
         book = self._kvl_heartbeats
@@ -207,7 +206,7 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
         """D: warns when two heartbeat rounds went out further apart than
         the lease extension minus the heartbeat interval while requests
         waited for P's KV, or when a round carried a request for the first
-        time that long after the request reached D; both count as a late
+        time that long after D's scheduler took the request in; both count as a late
         round (``kv_lease_late_heartbeat_rounds``).
 
         Why rounds and not steps: P lets a lease go one extension after the
@@ -227,14 +226,14 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
         if not round_now:
             return
         # A request's first round is late too when it comes that long after
-        # the request reached D (D's API server, EngineCore's input queue,
-        # a starved step): the gap between rounds does not see it, since
-        # none was due for that request (and after an idle D, none at all).
-        # The earliest such arrival in the round stands for the round.
+        # D's scheduler took the request in (a stalled or starved step): the
+        # gap between rounds does not see it, since none was due for that
+        # request (and after an idle D, none at all). The earliest such
+        # request in the round stands for the round.
         unannounced = self._kvl_unannounced
         first_wait = 0.0
         if unannounced:
-            first_wait = _wall() - min(unannounced.values())
+            first_wait = now - min(unannounced.values())
             unannounced.clear()
         last = self._kvl_last_round
         self._kvl_last_round = now
@@ -246,8 +245,8 @@ class KvLeaseScheduler(NixlPullConnectorScheduler):
         if late_first and not late_gap:
             self._kvl_log.warning(
                 "late_first_heartbeat",
-                "kvlease: D's first heartbeat to P for a request went out %.1f s after the "
-                "request reached D (a stalled or starved engine; warned past %.1f s, the "
+                "kvlease: D's first heartbeat to P for a request went out %.1f s after D's "
+                "scheduler took the request in (a stalled or starved engine; warned past %.1f s, the "
                 "lease extension less the heartbeat interval). P's lease ran all that time "
                 "and before it, from the end of the prefill; if it ran out, that load fails "
                 "the lease check and is recomputed",

@@ -266,10 +266,12 @@ class KvLeaseWorker(NixlPullConnectorWorker):
         try:
             peer = checks.peer_for(agent_name, _now())
         except KvLeaseError as e:
-            # No room to check this P rank (every peer of a full table busy):
+            # No room to check this P rank (every peer of a full table busy),
+            # or no advert of it to check against (unread or never recorded):
             # the READ goes on with its read-done held, and the load fails
             # (never used unchecked), counted at the verdict.
-            lease.refused = f"refused: peer table full ({e.reason})"
+            why = "peer table full" if e.reason == "Full" else "no lease advert"
+            lease.refused = f"refused: {why} ({e.reason})"
             self._kvl_log.error(
                 "peer_table_full", "kvlease: cannot check P agent %s: %s", agent_name, e
             )
