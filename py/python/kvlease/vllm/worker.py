@@ -328,8 +328,17 @@ class KvLeaseWorker(NixlPullConnectorWorker):
             return results
         for rid in list(results.finished_recving):
             lease = checks.recording.pop(rid, None)
-            if lease is None or rid in results.failed_recving:
-                continue  # vLLM's own failure path: nothing was verified
+            if lease is None:
+                continue
+            if rid in results.failed_recving:
+                # vLLM failed the load itself (a rank's READ could not be
+                # prepared, a handshake failed): nothing to verify, but the
+                # P ranks D did read still get their read-done, as stock
+                # vLLM's READ would have carried it; otherwise they hold
+                # their blocks until their leases lapse. The nonce form frees
+                # nothing a later request holds.
+                self._kvl_send_read_dones(lease)
+                continue
             if lease.unverified and self._kvl_require:
                 # A P without lease slots (stock vLLM), and this D requires
                 # every load verified: the seed's rule, the load fails.
