@@ -189,6 +189,19 @@ impl ClockEstimate {
     fn to_local(&self, remote: f64) -> PyResult<Option<f64>> {
         Ok(self.inner.to_local(instant(remote)?).and_then(seconds))
     }
+
+    /// The estimated offset, remote clock minus ours (s), or None with no
+    /// sample: what a test compares with the hosts' true offset.
+    #[getter]
+    fn offset(&self) -> Option<f64> {
+        self.inner.offset_nanos().map(|ns| ns as f64 / 1e9)
+    }
+
+    /// The estimate's error bound at our clock's `now` (s): half the
+    /// sample's round trip, widened for its age; None with no sample.
+    fn bound(&self, now: f64) -> PyResult<Option<f64>> {
+        Ok(self.inner.bound(instant(now)?).map(secs))
+    }
 }
 
 /// How a permit ended, as `(slot, nonce, peer, end)`; `end` is `"written"`
@@ -469,14 +482,24 @@ impl PushWrites {
         clocks: &Bound<'py, PyDict>,
         now: f64,
     ) -> PyResult<Vec<(u16, Bound<'py, PyBytes>)>> {
-        let mut held: Vec<(u16, PyRef<'py, ClockEstimate>)> = Vec::with_capacity(clocks.len());
-        for (k, v) in clocks.iter() {
-            held.push((k.extract()?, v.extract()?));
+        let now = instant(now)?;
+        // Only a poll that scans reads the estimates: the others (most of
+        // them: every drain of vLLM's writer thread polls) take none.
+        let mut held: Vec<(u16, PyRef<'py, ClockEstimate>)> = Vec::new();
+        if self.inner.scans_at(now) {
+            held.reserve(clocks.len());
+            for (k, v) in clocks.iter() {
+                held.push((k.extract()?, v.extract()?));
+            }
+            held.sort_unstable_by_key(|(p, _)| *p);
         }
         let mut out = Vec::new();
         self.inner.poll(
-            |peer| held.iter().find(|(p, _)| *p == peer).map(|(_, c)| &c.inner),
-            instant(now)?,
+            |peer| {
+                let at = held.binary_search_by_key(&peer, |(p, _)| *p).ok()?;
+                Some(&held[at].1.inner)
+            },
+            now,
             |peer, m| out.push((peer, PyBytes::new(py, m))),
         );
         Ok(out)

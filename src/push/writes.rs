@@ -200,6 +200,14 @@ impl PushWrites {
         self.live.len()
     }
 
+    /// Whether [`PushWrites::poll`] at `now` scans its entries, and so
+    /// reads the clock estimates (the only part of a poll that does). A
+    /// binding that must gather the estimates first can skip that work on
+    /// the polls that do not scan: most of them.
+    pub fn scans_at(&self, now: Instant) -> bool {
+        now >= self.next_scan
+    }
+
     /// The D peers that held entries name, one item per entry (a peer may
     /// repeat): registrations held or posted, and ended ones kept for their
     /// duplicates or owing D its answer. A peer named by none may be

@@ -163,6 +163,17 @@ class DClocks:
         if at < self._next_due:
             self._next_due = at
 
+    def estimates(self, now: float) -> dict[str, tuple[float, float]]:
+        """``{engine: (offset, bound)}`` of every sampled D: its clock minus
+        P's (s), and the estimate's error bound at ``now`` (s). For reports
+        and tests; a copy."""
+        out = {}
+        for engine, entry in self._by_engine.items():
+            offset, bound = entry.estimate.offset, entry.estimate.bound(now)
+            if offset is not None and bound is not None:
+                out[engine] = (offset, bound)
+        return out
+
     def stats(self) -> dict[str, int]:
         """Engines known, asking now, and given up on (for tests and logs)."""
         entries = self._by_engine.values()

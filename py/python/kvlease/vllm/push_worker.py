@@ -477,7 +477,7 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         self._kvl_evict_released()
         now = _now()
         sends = p.poll(now)
-        if sends:
+        if sends and logger.isEnabledFor(logging.DEBUG):  # the list costs per drain
             logger.debug("kvlease: P sends %s", [(e, m[:12]) for e, m in sends])
         self._kvl_send(sends)
         for due in p.due_resamples(now):
@@ -554,7 +554,7 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
             with self._kvl_inbox_lock:
                 msgs, self._kvl_inbox = self._kvl_inbox, []
             ended = d.on_messages(msgs, now) if msgs else []
-            if msgs:
+            if msgs and logger.isEnabledFor(logging.DEBUG):
                 logger.debug("kvlease: D got %s -> %s", [(a, m[:12]) for a, m in msgs], ended)
             sends, fenced = d.poll(now)
             self._kvl_send(sends)

@@ -109,6 +109,12 @@ class PrefillPushGuard:
         with self._lock:
             return self.clocks.due(now)
 
+    def clock_estimates(self, now: float) -> dict[str, tuple[float, float]]:
+        """``{D engine: (offset, bound)}``: P's estimate of each D's clock
+        (its clock minus P's, s) and the error bound it claims at ``now``."""
+        with self._lock:
+            return self.clocks.estimates(now)
+
     def ask_clock_now(self, d_engine: str) -> tuple[str, str, int, str] | None:
         """``(D engine, host, port, lane)`` to ask at once
         (``push_clocks.DClocks.ask_now``); report it with :meth:`resampled`."""

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Listener
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,21 @@ class NodeError(RuntimeError):
 class NodeProcess:
     """One node process and its command channel."""
 
-    def __init__(self, name: str, env: dict[str, str], log_dir: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        env: dict[str, str],
+        log_dir: Path,
+        wrap: Callable[[list[str]], list[str]] | None = None,
+        listen_host: str = "127.0.0.1",
+    ) -> None:
+        """``wrap``: starts the node on another host (``hosts.Host.wrap``),
+        whose process tree is then killed as a group; ``listen_host``: the
+        address of the command channel that host reaches."""
         self.name = name
+        self._group = wrap is not None
         authkey = secrets.token_bytes(16)
-        self._listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        self._listener = Listener((listen_host, 0), authkey=authkey)
         host, port = self._listener.address
         child_env = dict(os.environ)
         child_env.update(env)
@@ -56,12 +68,14 @@ class NodeProcess:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")
+        cmd = [sys.executable, "-m", "harness.node", f"{host}:{port}", authkey.hex()]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.node", f"{host}:{port}", authkey.hex()],
+            wrap(cmd) if wrap is not None else cmd,
             env=child_env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=tests_dir or None,
+            start_new_session=self._group,
         )
         accepted: list[Any] = []
         t = threading.Thread(target=lambda: accepted.append(self._listener.accept()), daemon=True)
@@ -96,7 +110,10 @@ class NodeProcess:
 
     def kill(self) -> None:
         """SIGKILL: the process dies without any cleanup (a crashed D)."""
-        self.proc.send_signal(signal.SIGKILL)
+        if self._group:  # the node runs under `unshare --fork`: the whole group
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        else:
+            self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
 
     def close(self) -> None:
@@ -108,8 +125,7 @@ class NodeProcess:
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+                self.kill()
         self.conn.close()
         self._listener.close()
         self._log.close()

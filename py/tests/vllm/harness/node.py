@@ -347,6 +347,22 @@ class Node:
             "wire": self._wire_counts(engine) if engine in self.wires else None,
         })
 
+    def cmd_monotonic(self, msg_id: int) -> None:
+        """This host's ``time.monotonic()`` (a time namespace offsets it)."""
+        self._reply(msg_id, time.monotonic())
+
+    def cmd_clock_estimates(self, msg_id: int, engine: str) -> None:
+        """P in push mode: each worker's estimate of each D's clock,
+        ``{rank: {d_engine: (offset, bound)}}``, with this host's monotonic
+        clock reading (the bound is taken now)."""
+        now = time.monotonic()
+        out = {}
+        for r, w in enumerate(self.engines[engine].workers):
+            p = getattr(w.connector_worker, "_kvl_p", None)
+            if p is not None:
+                out[r] = p.clock_estimates(now)
+        self._reply(msg_id, {"estimates": out, "monotonic": now})
+
     def cmd_teardown(self, msg_id: int, engine: str) -> None:
         e = self.engines.pop(engine)
         self.crashed.pop(engine, None)
