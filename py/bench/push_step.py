@@ -42,7 +42,9 @@ D_ENGINE, P_ENGINE = "d-engine", "p-engine"
 
 def kvlease_guard(n: int) -> PrefillPushGuard:
     """A P guard holding ``n`` registrations of one D (not yet written)."""
-    config = PushConfig(60.0, capacity=n + 16)
+    # Long permits, a 1 s heartbeat interval: nothing ends while the clock
+    # runs through the repetitions.
+    config = PushConfig(100_000.0, capacity=n + 16, heartbeat_interval=1.0)
     d = DecodePushGuard(config, max_peers=4, seed=1)
     p = PrefillPushGuard(config, max_peers=4, hold_limit=1e9)
     p.peers.note_agents(D_ENGINE, ["d-agent"])
@@ -63,7 +65,8 @@ class NaiveGuard:
         self.config = config
         self.offset, self.bound = SKEW, 0.001
         # rid -> (D's slot, nonce, deadline on D's clock, since)
-        self.regs = {f"req-{i}": (i, 1000 + i, 1.2 + SKEW + 60.0, 1.2) for i in range(n)}
+        deadline = 1.2 + SKEW + config.duration
+        self.regs = {f"req-{i}": (i, 1000 + i, deadline, 1.2) for i in range(n)}
         self.next_heartbeat = 0.0
 
     def poll(self, now: float) -> list[bytes]:
