@@ -11,9 +11,13 @@
    counted: a test may name whatever it checks.
 2. Layers: a module listed in LAYERS below may import only from the modules
    listed after it, never from those before it (the arrows run down).
-3. Files stay under MAX_LINES lines.
+3. Files stay under MAX_LINES lines: the two crates' sources, and the Rust and
+   Python files of model/, tests/ and py/ (LINE_ROOTS). The files of those
+   folders that were over the limit when the rule reached them are listed in
+   OVER_LIMIT with their length then: each may shrink, none may grow, and a
+   file that shrinks under the limit leaves the list (the check says so).
 
-Crates checked: the library (src/) and the CLI (cli/src/). Usage:
+Crates checked for imports: the library (src/) and the CLI (cli/src/). Usage:
 `python3 .ci/imports.py` from the repository root; prints each violation and
 exits 1 if there is one.
 """
@@ -35,6 +39,29 @@ LAYERS = [
 ]
 
 CRATES = [("src", "lib.rs"), ("cli/src", "lib.rs")]
+
+# Folders whose .rs and .py files the line rule covers too (build outputs,
+# virtualenvs and caches are skipped).
+LINE_ROOTS = ["model", "tests", "py"]
+SKIP_DIRS = {"target", "__pycache__", ".hypothesis", ".venv", "node_modules"}
+
+# Over MAX_LINES when the rule reached LINE_ROOTS (2026-12-07): the ceiling
+# each may not pass. Splitting them is the gate issue's work (issue 39).
+OVER_LIMIT = {
+    "model/src/lib.rs": 1834,
+    "model/src/push.rs": 1583,
+    "model/src/push_replay.rs": 744,
+    "tests/it/cluster/mod.rs": 1228,
+    "tests/it/loopback_fabric.rs": 958,
+    "tests/it/nixl_fabric.rs": 958,
+    "tests/it/protocol/mod.rs": 915,
+    "tests/it/two_hosts.rs": 761,
+    "tests/it/consumer_tracker.rs": 720,
+    "tests/it/consumer_sender.rs": 698,
+    "py/engine/test_real_engine.py": 993,
+    "py/tests/vllm/private_names.py": 931,
+    "py/engine/gpu/dram_beside_vram.py": 675,
+}
 
 USE_RE = re.compile(r"\buse\s+([^;]+);", re.S)
 PATH_RE = re.compile(r"\b((?:crate|super)(?:::[A-Za-z_][A-Za-z0-9_]*)+)")
@@ -174,6 +201,34 @@ def circles(edges):
     return out
 
 
+def line_rule_elsewhere():
+    """Rule 3 over LINE_ROOTS, with OVER_LIMIT's ceilings."""
+    failures = []
+    seen = set()
+    for root in LINE_ROOTS:
+        for dirpath, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.startswith(".venv")]
+            for f in files:
+                if not f.endswith((".rs", ".py")):
+                    continue
+                path = os.path.join(dirpath, f).replace(os.sep, "/")
+                with open(path, encoding="utf-8") as fh:
+                    n = sum(1 for _ in fh)
+                ceiling = OVER_LIMIT.get(path)
+                seen.add(path)
+                if ceiling is None and n > MAX_LINES:
+                    failures.append(f"{path}: {n} lines (limit {MAX_LINES})")
+                elif ceiling is not None and n > ceiling:
+                    failures.append(f"{path}: {n} lines, grew past its ceiling {ceiling} "
+                                    f"(over the {MAX_LINES}-line limit: it may only shrink)")
+                elif ceiling is not None and n <= MAX_LINES:
+                    failures.append(f"{path}: {n} lines, under the limit now: take it off "
+                                    "OVER_LIMIT in .ci/imports.py")
+    for path in sorted(set(OVER_LIMIT) - seen):
+        failures.append(f"{path}: listed in OVER_LIMIT but gone: take it off the list")
+    return failures
+
+
 def main():
     failures = []
     for root, _ in CRATES:
@@ -201,11 +256,13 @@ def main():
                 n = sum(1 for _ in fh)
             if n > MAX_LINES:
                 failures.append(f"{os.path.relpath(path)}: {n} lines (limit {MAX_LINES})")
+    failures += line_rule_elsewhere()
     for f in failures:
         print(f)
     if failures:
         sys.exit(1)
-    print("imports: no circles, no upward imports, every file under", MAX_LINES, "lines")
+    print("imports: no circles, no upward imports, every file under", MAX_LINES, "lines",
+          f"(but the {len(OVER_LIMIT)} listed in OVER_LIMIT, none grown)")
 
 
 if __name__ == "__main__":

@@ -163,3 +163,31 @@ class NotifTap:
                 "tap_hook", "kvlease: the push guard's notification hook failed (%r); "
                 "vLLM's notifications of this drain are delivered", e,
             )
+
+
+class PostGate:
+    """The gate of one guarded request's WRITE (P's guard is
+    ``push_writes.PrefillPushGuard``), asked by the tap at each post on the
+    writer thread. The guard requires P's TP size equal to D's
+    and no pipeline parallelism, so a request posts one transfer: the first
+    post asks P's guard (``PrefillPushGuard.begin_write``), and any further
+    post of the same request is refused (fail closed: an incomplete WRITE
+    is answered ``X`` once the posted part ended)."""
+
+    def __init__(self, p: Any, req_id: str, engine: str, on_pass: Callable[[str], None],
+                 clock: Callable[[], float]) -> None:
+        self._p, self._req_id, self._engine, self._on_pass = p, req_id, engine, on_pass
+        self._clock = clock
+        self.passed = False
+        self.refused = False
+
+    def __call__(self) -> bool:
+        if self.passed or self.refused:
+            self.refused = True
+            return False
+        if self._p.begin_write(self._req_id, self._engine, self._clock()):
+            self.passed = True
+            self._on_pass(self._req_id)
+            return True
+        self.refused = True
+        return False

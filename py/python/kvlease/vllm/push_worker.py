@@ -57,7 +57,7 @@ from . import handshake_adverts
 from .compat import check_vllm_version
 from .log_limit import RateLimitedLog
 from .metadata import STEP_ATTR, KvLeaseHandshakePayload
-from .push_notifs import TO_D, TO_P, NotifTap
+from .push_notifs import TO_D, TO_P, NotifTap, PostGate
 from .push_permits import GUARD_VERSION, PERMIT_KEY, DecodePushGuard, clock_is_shared
 from .push_writes import PrefillPushGuard
 from .scheduler_clock import SchedulerClock
@@ -72,31 +72,6 @@ _HANDLE_KEY = "_kvlease_handle"
 
 def _now() -> float:
     return time.monotonic()
-
-
-class _PostGate:
-    """The gate of one guarded request's WRITE, asked by the tap at each
-    post on the writer thread. The guard requires P's TP size equal to D's
-    and no pipeline parallelism, so a request posts one transfer: the first
-    post asks P's guard (``PrefillPushGuard.begin_write``), and any further
-    post of the same request is refused (fail closed: an incomplete WRITE
-    is answered ``X`` once the posted part ended)."""
-
-    def __init__(self, p: PrefillPushGuard, req_id: str, engine: str, on_pass: Any) -> None:
-        self._p, self._req_id, self._engine, self._on_pass = p, req_id, engine, on_pass
-        self.passed = False
-        self.refused = False
-
-    def __call__(self) -> bool:
-        if self.passed or self.refused:
-            self.refused = True
-            return False
-        if self._p.begin_write(self._req_id, self._engine, _now()):
-            self.passed = True
-            self._on_pass(self._req_id)
-            return True
-        self.refused = True
-        return False
 
 
 class KvLeasePushWorker(NixlPushConnectorWorker):
@@ -419,7 +394,7 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         self._kvl_holds(req_id)
         # The gate itself is asked at the post (NotifTap.transfer), not here:
         # vLLM computes descriptors and prepares the transfer in between.
-        gate = _PostGate(p, req_id, meta.remote.engine_id, self._kvl_posted)
+        gate = PostGate(p, req_id, meta.remote.engine_id, self._kvl_posted, _now)
         tap.arm(gate)
         try:
             super()._xfer_blocks_for_req(req_id, meta)
