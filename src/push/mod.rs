@@ -182,7 +182,10 @@ impl PushConfig {
     pub fn hold_bound(&self) -> Duration {
         let wb = duration_nanos(self.write_bound);
         let tail = duration_nanos(self.extension).saturating_add(wb);
-        let drift = |n: u64| n.saturating_mul(u64::from(self.drift_ppm)).div_ceil(1_000_000);
+        let drift = |n: u64| {
+            n.saturating_mul(u64::from(self.drift_ppm))
+                .div_ceil(1_000_000)
+        };
         let body = wb.saturating_mul(2).saturating_add(tail);
         Duration::from_nanos(body.saturating_add(drift(body)))
     }

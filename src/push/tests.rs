@@ -560,7 +560,13 @@ fn a_stuck_write_is_heartbeated_until_write_bound_then_d_fences_within_the_hold_
             lapsed_at = Some(t);
         }
     }
-    assert!(!renewed_after_bound, "P vouched for a WRITE past write_bound");
+    assert!(
+        !renewed_after_bound,
+        "P vouched for a WRITE past write_bound"
+    );
     let lapsed_at = lapsed_at.expect("D never fenced the stuck WRITE");
-    assert!(lapsed_at > posted + 10.0 && lapsed_at <= hold_end, "{lapsed_at}");
+    assert!(
+        lapsed_at > posted + 10.0 && lapsed_at <= hold_end,
+        "{lapsed_at}"
+    );
 }
