@@ -177,5 +177,7 @@ def test_a_p_rank_whose_advert_was_never_recorded_is_not_read_as_a_stock_p():
     with pytest.raises(FabricError) as e:
         checks.peer_for("never-seen", 1.0)
     assert e.value.reason == "Unrecorded"
+    # A request without lease fields reads it as stock vLLM reads, as before.
+    assert checks.peer_for("never-seen", 1.0, leased=False) is None
     checks.record_adverts({(0, 0): "stock-p"}, {(0, 0): None})
     assert checks.peer_for("stock-p", 1.0) is None

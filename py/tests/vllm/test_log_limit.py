@@ -147,34 +147,3 @@ def test_the_limit_is_time_not_a_count():
         now[0] = i * LOG_INTERVAL_S
         assert log.warning("expired", "event %d", i)
 
-
-def test_a_load_vllm_failed_itself_still_sends_the_read_dones_it_held():
-    """Issue 38, item 3: D TP 1 reading from P TP 2, one rank's READ could
-    not be prepared, so vLLM fails the load. Before: the lease was dropped
-    with its held read-dones, and the P rank D did read held its blocks
-    until its lease lapsed (stock vLLM's READ would have carried the
-    notification). Now that rank gets its read-done, in the nonce form."""
-
-    class Sends:
-        def __init__(self) -> None:
-            self.sent: list = []
-
-        def send_notif(self, agent_name, notif_msg=b""):
-            self.sent.append((agent_name, bytes(notif_msg)))
-
-    lease = LeaseRead(request_id="d-req", remote_request_id="p-req", fields=(3, 77), blocks=[1, 2])
-    lease.reads.append(("p-rank-0", 0, 1))  # read from rank 0; rank 1 never posted
-    checks = FailingChecks(0)
-    checks.recording["d-req"] = lease
-    w = object.__new__(KvLeaseWorker)
-    w._kvl_checks = checks
-    w._kvl_log = RateLimitedLog(logging.getLogger("vllm.kvlease.worker"))
-    w._invalid_block_ids = queue.Queue()
-    w.xfer_stats = KvLeaseConnectorStats()
-    w.nixl_wrapper = Sends()
-    failed = KVConnectorTransferResults(set(), {"d-req"}, {"d-req"})
-    with patch.object(NixlPullConnectorWorker, "get_transfer_results", lambda self: failed):
-        results = w.get_transfer_results()
-    assert "d-req" in results.failed_recving
-    assert w.nixl_wrapper.sent == [("p-rank-0", lease.read_done(1))]
-    assert "d-req" not in checks.recording

@@ -138,14 +138,15 @@ class LoadChecks:
         return getattr(advert, "packed_heartbeats", False) is True
 
     def peer_for(
-        self, agent_name: str | bytes, now: float | None = None
+        self, agent_name: str | bytes, now: float | None = None, leased: bool = True
     ) -> tuple[int, int] | None:
         """(checker peer, slot array base) of a P rank that advertises lease
         slots, about to be read at ``now`` (monotonic seconds; the current
         time when None); None for one that does not (stock vLLM). Raises
         :class:`kvlease.errors.FabricError` (reason ``"Full"``) when the
-        table is full and no peer in it is idle: the caller must fail the
-        load (module docs)."""
+        table is full and no peer in it is idle, and (``"Unrecorded"``) for
+        a request with lease fields (``leased``) from a rank whose advert was
+        never recorded: the caller must fail the load (module docs)."""
         if now is None:
             now = time.monotonic()
         found = self._peers.get(agent_name)
@@ -155,10 +156,12 @@ class LoadChecks:
         with self._lock:
             recorded = agent_name in self._adverts
             advert = self._adverts.get(agent_name)
-        if not recorded:
-            # Only a request with lease fields comes here: a P rank whose
-            # advert was never recorded (a handshake whose replies kvlease
-            # did not see) is not a stock P, and its load is not used unread.
+        if not recorded and leased:
+            # A request with lease fields (``leased``) comes from a P that
+            # exports them: a P rank whose advert was never recorded (a
+            # handshake whose replies kvlease did not see) is not a stock P,
+            # and such a load is not used unchecked. Without lease fields it
+            # reads as stock vLLM reads, as before.
             raise FabricError(
                 "kvlease: no lease advert of this P rank was recorded at handshake; "
                 "its loads cannot be checked",

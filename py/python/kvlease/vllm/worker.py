@@ -264,7 +264,7 @@ class KvLeaseWorker(NixlPullConnectorWorker):
             return super()._read_blocks(**kwargs)
         agent_name = self._remote_agents[dst_engine_id][(0, read_spec.remote_rank)]
         try:
-            peer = checks.peer_for(agent_name, _now())
+            peer = checks.peer_for(agent_name, _now(), leased=lease.fields is not None)
         except KvLeaseError as e:
             # No room to check this P rank (every peer of a full table busy),
             # or no advert of it to check against (unread or never recorded):
@@ -328,17 +328,8 @@ class KvLeaseWorker(NixlPullConnectorWorker):
             return results
         for rid in list(results.finished_recving):
             lease = checks.recording.pop(rid, None)
-            if lease is None:
-                continue
-            if rid in results.failed_recving:
-                # vLLM failed the load itself (a rank's READ could not be
-                # prepared, a handshake failed): nothing to verify, but the
-                # P ranks D did read still get their read-done, as stock
-                # vLLM's READ would have carried it; otherwise they hold
-                # their blocks until their leases lapse. The nonce form frees
-                # nothing a later request holds.
-                self._kvl_send_read_dones(lease)
-                continue
+            if lease is None or rid in results.failed_recving:
+                continue  # vLLM's own failure path: nothing was verified
             if lease.unverified and self._kvl_require:
                 # A P without lease slots (stock vLLM), and this D requires
                 # every load verified: the seed's rule, the load fails.
