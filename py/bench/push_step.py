@@ -52,7 +52,7 @@ def kvlease_guard(n: int) -> PrefillPushGuard:
     p.note_address(D_ENGINE, "10.0.0.1", 5600, 1.1)
     for i in range(n):
         permit = d.register(f"req-{i}", P_ENGINE, 1.2 + SKEW)
-        handle, refusal = p.register(D_ENGINE, permit, f"req-{i}", f"req-{i}", True, 1.2)
+        handle, refusal = p.register(D_ENGINE, permit, f"req-{i}", True, 1.2)
         assert handle is not None, refusal
     p.poll(1.3)  # the first heartbeat and scan are not what is measured
     return p

@@ -38,7 +38,7 @@ def push_once(d: DecodePushGuard, p: PrefillPushGuard, rid: str, p_engine: str,
     answered; returns what D ended (``[(rid, "written")]`` is not failed)."""
     permit = d.register(rid, p_engine, t + SKEW)
     assert permit is not None, f"{rid}: D could not guard the push to {p_engine}"
-    handle, refusal = p.register(d_engine, permit, rid, rid, True, t)
+    handle, refusal = p.register(d_engine, permit, rid, True, t)
     assert refusal is None, f"{rid}: P refused it ({refusal})"
     p.bind("p-" + rid, rid, handle)
     assert p.begin_write("p-" + rid, d_engine, t + 0.01)
@@ -211,7 +211,7 @@ def test_a_d_whose_handshake_gave_no_clock_reading_is_asked_at_once():
     assert [e for e, *_ in p.due_resamples(2.0 + NO_SAMPLE_RETRY_S)] == ["d-engine"]
     assert p.resampled("d-engine", sample(4.5), 4.5)
     permit = d.register("req", "p-engine", 5.0 + SKEW)
-    handle, refusal = p.register("d-engine", permit, "req", "req", True, 5.0)
+    handle, refusal = p.register("d-engine", permit, "req", True, 5.0)
     assert refusal is None and handle is not None
 
 
@@ -249,7 +249,7 @@ class SplitD:
 
     def register(self, t: float):
         permit = self.d.register("req", "p-engine", self.d_now(t))
-        handle, refusal = self.p.register("d-engine", permit, "req", "req", True, t)
+        handle, refusal = self.p.register("d-engine", permit, "req", True, t)
         if handle is not None:
             self.p.bind("p-req", "req", handle)
         return refusal
@@ -337,7 +337,7 @@ def test_vllms_eviction_of_a_remote_engine_clears_the_guards_state_of_it(monkeyp
     w._kvl_d = DecodePushGuard(config, max_peers=4, seed=6)
     w._kvl_p = PrefillPushGuard(config, max_peers=4, hold_limit=12.0)
     meet(w._kvl_d, w._kvl_p, "gone-engine", "gone-engine", 0.5)
-    w._kvl_p.register("gone-engine", "0" * 40, "r", "r", True, 0.5)  # any id use
+    w._kvl_p.register("gone-engine", "0" * 40, "r", True, 0.5)  # any id use
     assert w._kvl_d.p_speaks_guard("gone-engine") and len(w._kvl_p.clocks) == 1
     w._cleanup_remote_engine("gone-engine")
     assert forgotten == ["gone-engine"]

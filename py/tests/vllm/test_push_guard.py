@@ -45,7 +45,7 @@ class Link:
         """D registers ``rid`` at P's time ``t``; P receives it at once."""
         permit = self.d.register(rid, P_ENGINE, t + SKEW)
         assert permit is not None and len(permit) == 40
-        return self.p.register(D_ENGINE, permit, rid, rid, live, t)
+        return self.p.register(D_ENGINE, permit, rid, live, t)
 
     def step(self, t: float, *, p_alive: bool = True) -> None:
         """P's writer drain, then D's step: what D fails now lands in ``failed``."""
@@ -112,15 +112,15 @@ def test_a_registration_delivered_twice_is_held_once():
     parked there for good), and after the WRITE it changes nothing."""
     x = Link()
     permit = x.d.register("req-e", P_ENGINE, 1.0 + SKEW)
-    handle, refusal = x.p.register(D_ENGINE, permit, "req-e", "req-e", True, 1.0)
+    handle, refusal = x.p.register(D_ENGINE, permit, "req-e", True, 1.0)
     assert refusal is None
-    assert x.p.register(D_ENGINE, permit, "req-e", "req-e", True, 1.01) == (None, "duplicate")
+    assert x.p.register(D_ENGINE, permit, "req-e", True, 1.01) == (None, "duplicate")
     x.p.bind("p-req-e", "req-e", handle)
     assert x.p.begin_write("p-req-e", D_ENGINE, 1.1)
-    assert x.p.register(D_ENGINE, permit, "req-e", "req-e", True, 1.2) == (None, "duplicate")
+    assert x.p.register(D_ENGINE, permit, "req-e", True, 1.2) == (None, "duplicate")
     assert x.p.write_done("p-req-e", 1.3)
     x.d.received("req-e")
-    _, again = x.p.register(D_ENGINE, permit, "req-e", "req-e", True, 1.4)
+    _, again = x.p.register(D_ENGINE, permit, "req-e", True, 1.4)
     assert again not in (None, "duplicate"), "an ended registration is answered again"
     for t in (1.5, 30.0):
         x.step(t)
@@ -170,13 +170,13 @@ def test_no_clock_sample_of_d_no_write():
     p = PrefillPushGuard(config, 4, hold_limit=12.0)
     permit = d.register("req-h", P_ENGINE, 1.0)
     assert not p.has_clock(D_ENGINE)
-    assert p.register(D_ENGINE, permit, "req-h", "req-h", True, 1.0) == (None, "no_clock")
+    assert p.register(D_ENGINE, permit, "req-h", True, 1.0) == (None, "no_clock")
 
 
 def test_bad_permit_bytes_are_dropped_and_counted_never_raised():
     x = Link()
     for bad in ("", "zz" * 20, "0" * 39, "\u00e9" * 40):
-        assert x.p.register(D_ENGINE, bad, "req-i", "req-i", True, 1.0) == (None, "malformed")
+        assert x.p.register(D_ENGINE, bad, "req-i", True, 1.0) == (None, "malformed")
     assert x.p.counts.dropped == 4
     x.d.on_messages([(P_AGENT, b"PEND:not hex"), ("unknown-agent", b"PHB:")], SKEW + 1.0)
     assert x.d.counts.malformed == 2
@@ -251,7 +251,7 @@ def test_the_permit_rides_in_vllms_registration_dict():
     reg = {"request_id": "req-k", "remote_engine_id": P_ENGINE}
     sent = {**reg, PERMIT_KEY: x.d.register("req-k", P_ENGINE, SKEW + 1.0)}
     back = msgspec.msgpack.decode(msgspec.msgpack.encode(sent))
-    handle, refusal = x.p.register(D_ENGINE, back[PERMIT_KEY], "req-k", "req-k", True, 1.0)
+    handle, refusal = x.p.register(D_ENGINE, back[PERMIT_KEY], "req-k", True, 1.0)
     assert refusal is None and handle is not None
 
 

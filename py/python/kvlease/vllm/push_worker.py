@@ -299,7 +299,7 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         self._kvl_evict_released()
         match = self._pop_matching_finished_blocks(rid)
         live = match is not None or not p.is_gone(base)
-        handle, refusal = p.register(engine, permit, rid, base, live, _now())
+        handle, refusal = p.register(engine, permit, rid, live, _now())
         logger.debug("kvlease: registration %s from D %s: %s (matched %s)", rid, engine,
                      refusal or "accepted", match is not None)
         if handle is None:

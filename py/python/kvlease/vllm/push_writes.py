@@ -70,8 +70,8 @@ class PrefillPushGuard:
         #: The clock estimates of the D peers that have an id, as the Rust
         #: role's poll takes them (kept in step with ``peers``).
         self._peer_clocks: dict[int, ClockEstimate] = {}
-        #: Accepted, not yet posted: D request id -> (handle, base id, since).
-        self._held: OrderedDict[str, tuple[Any, str, float]] = OrderedDict()
+        #: Accepted, not yet posted: D request id -> (handle, since).
+        self._held: OrderedDict[str, tuple[Any, float]] = OrderedDict()
         #: P request id -> (handle, D request id), from the match to the end
         #: of its WRITE (or to the gate's refusal). Kept while a match waits
         #: for P's handshake back to D: a WRITE posted after that must meet
@@ -155,7 +155,7 @@ class PrefillPushGuard:
         return base_id in self._gone
 
     def register(
-        self, d_engine: str, permit: str, rid: str, base_id: str, live: bool, now: float
+        self, d_engine: str, permit: str, rid: str, live: bool, now: float
     ) -> tuple[Any, str | None]:
         """``(handle, None)``: accepted, held until its WRITE; ``(None,
         reason)``: refused (``PEND:R`` goes out at the next poll, except for
@@ -176,7 +176,7 @@ class PrefillPushGuard:
                 self.counts.dropped += 1
                 return None, "malformed"
             if handle is not None:
-                self._held[rid] = (handle, base_id, now)
+                self._held[rid] = (handle, now)
             return handle, refusal
 
     def bind(self, p_rid: str, d_rid: str, handle: Any) -> None:
@@ -235,7 +235,7 @@ class PrefillPushGuard:
         registrations P holds. Ends those held past ``hold_limit`` first."""
         with self._lock:
             while self._held:
-                rid, (handle, _base, since) = next(iter(self._held.items()))
+                rid, (handle, since) = next(iter(self._held.items()))
                 if now - since < self.hold_limit:
                     break
                 del self._held[rid]
