@@ -69,12 +69,32 @@ if want tests; then
     eval "$sdists_env"
     rm -f "${results}/e2e-figures.txt"
     # From py/: `import kvlease` resolves to the installed wheel (py/python is
-    # not on the path), and the node processes import the same. One pytest:
-    # the end-to-end cases over shm and tcp in two at once raced for the
-    # "free" ports each picks (likely why one such run failed all its shm
-    # cases; not confirmed).
-    (cd py && KVLEASE_E2E_FIGURES="${results}/e2e-figures.txt" "$VLLM_ENV_PYTHON" -m pytest -q \
-        -p no:cacheprovider -rfEsxX --timeout=900 --junitxml="${results}/py-tests.xml" tests)
+    # not on the path), and the node processes import the same.
+    # Two pytest processes at once: push mode's end-to-end cases (about 250 s,
+    # nearly all of it waiting out leases, fences and stock's hangs in real
+    # time) beside everything else. Each searches free ports from its own
+    # base (py/tests/vllm/harness/ports.py: two runs once raced for the ports
+    # bind(0) handed out), and each appends its figures to the one file.
+    push_log="${results}/py-tests-push.log"
+    (cd py && KVLEASE_PORT_BASE=22000 KVLEASE_E2E_FIGURES="${results}/e2e-figures.txt" \
+        "$VLLM_ENV_PYTHON" -m pytest -q -p no:cacheprovider -rfEsxX --timeout=900 \
+        --junitxml="${results}/py-tests-push.xml" tests/vllm/test_e2e_push.py) \
+        > "$push_log" 2>&1 &
+    push_pid=$!
+    set +e
+    (cd py && KVLEASE_PORT_BASE=12000 KVLEASE_E2E_FIGURES="${results}/e2e-figures.txt" \
+        "$VLLM_ENV_PYTHON" -m pytest -q -p no:cacheprovider -rfEsxX --timeout=900 \
+        --junitxml="${results}/py-tests.xml" tests --ignore=tests/vllm/test_e2e_push.py)
+    rc_rest=$?
+    wait "$push_pid"
+    rc_push=$?
+    set -e
+    echo "== run-vllm: push mode's end-to-end cases (tests/vllm/test_e2e_push.py, run beside the rest):"
+    cat "$push_log"
+    if [ "$rc_rest" != 0 ] || [ "$rc_push" != 0 ]; then
+        echo "== run-vllm: tests failed (the rest: exit ${rc_rest}; push end to end: exit ${rc_push})"
+        exit 1
+    fi
     end tests
 fi
 

@@ -16,7 +16,8 @@ import itertools
 import time
 
 import pytest
-from harness.cluster import NodeProcess, free_port
+from harness.cluster import NodeProcess
+from harness.ports import free_port
 
 import kvlease
 from harness.figures import figure

@@ -23,7 +23,8 @@ import itertools
 import time
 
 import pytest
-from harness.cluster import NodeProcess, free_port
+from harness.cluster import NodeProcess
+from harness.ports import free_port
 
 from harness.figures import figure
 from harness.kv_pattern import block_value

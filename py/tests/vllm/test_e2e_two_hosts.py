@@ -30,7 +30,8 @@ import os
 
 import pytest
 from harness import hosts
-from harness.cluster import NodeProcess, free_port
+from harness.cluster import NodeProcess
+from harness.ports import free_port
 from harness.figures import figure
 from test_e2e import _lapse_scenario, _reused_values
 from test_e2e import assert_no_leaks as assert_pull_clean

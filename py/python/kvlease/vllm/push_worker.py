@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -54,6 +53,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.utils import get_base_request_id
 
 from . import handshake_adverts
+from .clock import now as _now
 from .compat import check_vllm_version
 from .log_limit import RateLimitedLog
 from .metadata import STEP_ATTR, KvLeaseHandshakePayload
@@ -68,10 +68,6 @@ logger = logging.getLogger("vllm.kvlease.push")
 
 #: The key P keeps its handle under in a registration dict (never sent).
 _HANDLE_KEY = "_kvlease_handle"
-
-
-def _now() -> float:
-    return time.monotonic()
 
 
 class KvLeasePushWorker(NixlPushConnectorWorker):

@@ -23,13 +23,13 @@ kvlease state and is vLLM's scheduler.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
     NixlPullConnectorScheduler,
 )
 
+from .clock import now as _now
 from .compact_heartbeats import HeartbeatLeases
 from .compat import check_vllm_version
 from .log_limit import RateLimitedLog
@@ -42,10 +42,6 @@ logger = logging.getLogger("vllm.kvlease.scheduler")
 
 _U32 = 1 << 32
 _I64 = 1 << 63
-
-
-def _now() -> float:
-    return time.monotonic()
 
 
 _F53 = float(1 << 53)

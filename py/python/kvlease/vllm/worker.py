@@ -44,7 +44,6 @@ count every event.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
@@ -59,6 +58,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 
 from ..errors import KvLeaseError
 from . import handshake_adverts
+from .clock import now as _now
 from .compact_heartbeats import CompactSends, compact_targets
 from .compat import check_vllm_version
 from .load_checks import LeaseRead, LoadChecks
@@ -71,11 +71,6 @@ from .stats import KvLeaseConnectorStats
 
 logger = logging.getLogger("vllm.kvlease.worker")
 
-
-
-def _now() -> float:
-    # Not time.perf_counter: vLLM's tests patch that for its own deadlines.
-    return time.monotonic()
 
 
 class KvLeaseWorker(NixlPullConnectorWorker):

@@ -12,7 +12,6 @@ import itertools
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,12 +27,6 @@ START_TIMEOUT_S = 180.0
 #: builds) can take longer than the default to build an engine; raise it
 #: there rather than lengthen a bound the tests assert.
 CALL_SLACK_S = float(os.environ.get("KVLEASE_E2E_CALL_SLACK_S", "60"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class NodeError(RuntimeError):
