@@ -18,7 +18,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from controls import ControlCache, inputs_key  # noqa: E402
 from fleet import Fleet  # noqa: E402
+from prompt_sets import SETS, PromptSet  # noqa: E402
+from shapes import PHASE_A, REF  # noqa: E402
+from workload import complete_all, run  # noqa: E402
 
 
 def _work() -> Path:
@@ -32,11 +36,25 @@ def results_dir() -> Path:
     return d
 
 
-@pytest.fixture(scope="session")
-def fleet(results_dir: Path):
+def _model() -> str:
     model = os.environ.get("ENGINE_MODEL")
     if not model:
         pytest.fail("ENGINE_MODEL is not set: run py/engine/run.sh, or eval \"$(py/engine/env.sh)\"")
+    return model
+
+
+@pytest.fixture(scope="session")
+def controls() -> ControlCache:
+    """Stock controls' figures, reused while nothing they read changed
+    (controls.py)."""
+    cache = ControlCache(inputs_key(_model()))
+    print(f"\n[real-engine] stock controls: {cache.mode}, inputs hash {cache.key}")
+    return cache
+
+
+@pytest.fixture(scope="session")
+def fleet(results_dir: Path):
+    model = _model()
     logs = _work() / "logs" / time.strftime("%Y%m%d-%H%M%S")
     f = Fleet(model, logs)
     try:
@@ -64,3 +82,24 @@ def record(results_dir: Path) -> CaseRecord:
     path = results_dir / "cases.jsonl"
     path.unlink(missing_ok=True)
     return CaseRecord(path)
+
+
+@pytest.fixture(scope="session")
+def sets(fleet) -> dict[str, PromptSet]:
+    """Every prompt set with its reference texts from a plain ``vllm serve``,
+    started beside the first P and D and stopped once it answered."""
+    # Comma-separated prefixes: a quicker run of some cases (phase A is
+    # then not started beside the reference).
+    only = [x for x in os.environ.get("ENGINE_ONLY_SETS", "").split(",") if x]
+    out = {s[0]: PromptSet(fleet.model, s) for s in SETS
+           if not only or any(s[0].startswith(x) for x in only)}
+    fleet.ensure(ref=REF, **({} if only else PHASE_A))
+    ref = fleet.running["ref"]
+    for ps in out.values():
+        answers = run(complete_all(ref.url, ps.prompts, concurrency=8, max_tokens=ps.max_tokens,
+                                   prefix=f"ref-{ps.name}"))
+        bad = [a for a in answers if not a.ok]
+        assert not bad, f"the plain reference failed: {bad[0].error}"
+        ps.reference = [a.text for a in answers]
+    fleet.stop("ref")
+    return out

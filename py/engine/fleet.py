@@ -46,6 +46,10 @@ class Fleet:
             self.running.update(zip(wanted.keys(), started))
         return self.running
 
+    def only(self, **specs: InstanceSpec) -> dict[str, Instance]:
+        """Makes the running set exactly ``specs``: every other role stops."""
+        return self.ensure(**{r: None for r in self.running if r not in specs}, **specs)
+
     def stop(self, role: str) -> None:
         self._stop_routers()
         inst = self.running.pop(role, None)

@@ -21,14 +21,19 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+# The harness's port picker and hosts (py/tests/vllm/harness), shared with
+# the end-to-end cases.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm"))
+from harness.ports import free_port  # noqa: E402
 
 #: Flags every instance gets (docs/vllm.md, "A real vllm serve on CPU").
 COMMON_FLAGS = [
@@ -57,54 +62,6 @@ P_SHM_SPIN_MS = 0
 START_TIMEOUT_S = 240.0
 
 
-def _ephemeral_low() -> int:
-    """The lowest port the kernel hands out by itself (Linux's default
-    range starts at 32768)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-#: Ports this process handed out (never handed twice in one run).
-_handed: set[int] = set()
-#: Where the next search starts: below the ephemeral range, spread by pid so
-#: that two runs on one machine start apart.
-_next = [10000 + (os.getpid() * 7919) % 10000]
-
-
-def free_port(span: int = 1) -> int:
-    """The first of ``span`` consecutive ports nothing listens on, below the
-    kernel's ephemeral range.
-
-    Why not ``bind(0)``: that hands out an ephemeral port and frees it, and
-    until the instance binds it, any of the dozens of sockets a fleet opens
-    meanwhile (vLLM's ZMQ queues, UCX's TCP endpoints, gloo) may be given the
-    same port: once, d-stock's NIXL side channel found its port taken ("Address
-    already in use") and the instance never answered. The kernel never hands
-    out a port below its ephemeral range by itself, so a port found free there
-    stays free until the instance that was told it binds it."""
-    high = min(_ephemeral_low(), 65536) - span
-    for _ in range(20000):
-        port = _next[0]
-        _next[0] = port + span if port + span < high else 10000
-        ports = range(port, port + span)
-        if any(p in _handed for p in ports) or not all(_bindable(p) for p in ports):
-            continue
-        _handed.update(ports)
-        return port
-    raise RuntimeError(f"no {span} free consecutive ports below {high + span}")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 @dataclass
 class InstanceSpec:
     """What one ``vllm serve`` runs as."""
@@ -124,6 +81,10 @@ class InstanceSpec:
     prefill: bool = False
     env: dict[str, str] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)
+    #: The "host" it runs on: a ``harness.hosts.Host`` (a network namespace,
+    #: maybe a time namespace; py/tests/vllm/harness/hosts.py), or None for
+    #: this machine's own.
+    host: Any = None
 
     def kv_transfer_config(self) -> dict[str, Any] | None:
         if self.connector == "plain":
@@ -164,15 +125,20 @@ class Instance:
         self.ready_after_s: float | None = None
 
     @property
+    def address(self) -> str:
+        """Where the instance listens (its host's address, or loopback)."""
+        return self.spec.host.ip if self.spec.host is not None else "127.0.0.1"
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}:{self.port}"
 
     def command(self) -> list[str]:
         python = os.environ.get("ENGINE_PYTHON", "python")
         spec = self.spec
         cmd = [
             python, "-m", "vllm.entrypoints.cli.main", "serve", self.model,
-            "--host", "127.0.0.1", "--port", str(self.port),
+            "--host", self.address, "--port", str(self.port),
             "--served-model-name", "tiny",
             *COMMON_FLAGS,
         ]
@@ -184,7 +150,8 @@ class Instance:
         ktc = spec.kv_transfer_config()
         if ktc is not None:
             cmd += ["--kv-transfer-config", json.dumps(ktc)]
-        return cmd + list(spec.args)
+        cmd += list(spec.args)
+        return spec.host.wrap(cmd) if spec.host is not None else cmd
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -208,6 +175,11 @@ class Instance:
             KVLEASE_ENGINE_SHM_SPIN_MS=(env.get("ENGINE_P_SHM_SPIN_MS", str(P_SHM_SPIN_MS))
                                         if self.spec.prefill else ""),
         )
+        if self.spec.host is not None:
+            # Its side channel on the host's address, UCX over TCP; and the
+            # address vLLM would otherwise guess from a route to the
+            # internet, which a host namespace does not have.
+            env.update(self.spec.host.env(), VLLM_HOST_IP=self.spec.host.ip)
         env.update(self.spec.env)
         return env
 

@@ -35,9 +35,9 @@ class RouterProcess:
         if kind == "toy":
             proxy = os.environ["ENGINE_TOY_PROXY"]
             self.cmd = [python, proxy, "--host", "127.0.0.1", "--port", str(self.port),
-                        "--prefiller-hosts", *["127.0.0.1"] * len(prefill),
+                        "--prefiller-hosts", *[i.address for i in prefill],
                         "--prefiller-ports", *[str(i.port) for i in prefill],
-                        "--decoder-hosts", *["127.0.0.1"] * len(decode),
+                        "--decoder-hosts", *[i.address for i in decode],
                         "--decoder-ports", *[str(i.port) for i in decode]]
             self.health = "/healthcheck"
         elif kind == "float64":

@@ -3,7 +3,8 @@
 # reference on vLLM's CPU build, real NIXL, vLLM's toy proxy and a float64
 # router in front, stock NixlConnector as the control. .ci/run step 11.
 #
-#   py/engine/run.sh            the cases (py/engine/test_real_engine.py), then the table
+#   py/engine/run.sh            the cases (py/engine/test_real_engine.py, then the fleet's:
+#                               test_real_engine_fleet.py), then the table
 #   py/engine/run.sh cases -k overload   some of them (the rest is passed to pytest)
 #   py/engine/run.sh bench      the cost benchmark (py/engine/bench.py), not a test
 #
@@ -37,7 +38,8 @@ cases)
     t=$(date +%s)
     set +e
     (cd py/engine && "$ENGINE_PYTHON" -m pytest -q -p no:cacheprovider -rfEsxX -s \
-        --durations=0 --junitxml="${ENGINE_WORK}/results/real-engine.xml" test_real_engine.py "$@") \
+        --durations=0 --junitxml="${ENGINE_WORK}/results/real-engine.xml" test_real_engine.py \
+        test_real_engine_fleet.py "$@") \
         > "${ENGINE_WORK}/results/real-engine.log" 2>&1
     rc=$?
     set -e

@@ -40,6 +40,14 @@ push D left waiting on a WRITE that cannot come steps without end, 1.6-1.7
 cores busy, and starves everything beside it; it is stopped after the case
 that left it so (``retire_stuck_stock_d``) and started afresh for the next.
 
+Phase F's stock controls (happy path, late registration, P killed) run no
+kvlease code: their figures are reused while nothing they read changed,
+keyed by the SHA-256 of it (``controls.py``; the row then names the hash in
+``reused_for``), and the case asserts its control's claim on them all the
+same. The stock pair still starts for the mixed fleets; reused, its D is
+started once instead of three times. ``KVLEASE_ENGINE_CONTROLS=rerun`` runs
+them all again.
+
 Figures go to ``.engine/results/cases.jsonl``; ``report.py`` prints the table.
 Texts are compared with the plain reference's greedy text for the same token
 ids and ``max_tokens``. A wrong answer is an HTTP 200 whose text differs.
@@ -57,264 +65,15 @@ import aiohttp
 import pytest
 
 import workload
-from instances import InstanceSpec
-from workload import Answer, complete, complete_all, make_prompts, push_all, run
-
-#: kv_lease_duration (s): heartbeat every 3 s, extension 12 s. At least 12 s
-#: on 2 cores (P's HTTP replies alone took up to 6 s under load); 18 s leaves
-#: the extension room for a D step seconds late on a loaded machine.
-LEASE = 18.0
-INTERVAL = LEASE // 6
-EXTENSION = LEASE * 2 // 3
-EXTRA = {"kv_lease_duration": int(LEASE)}
-#: P's KV cache in blocks of 32 tokens: small, so freed blocks are reused at
-#: once (the late-arrival and soak controls need that), and smaller than four
-#: long prompts (the preemption case: 4 running x 13 blocks > 40).
-P_BLOCKS = 40
-#: P prefills up to four requests at once in chunks of 32 tokens, so
-#: concurrent long prompts run out of blocks mid-prefill and vLLM preempts
-#: them (the preemption case).
-P_ARGS = ["--max-num-batched-tokens", "128", "--long-prefill-token-threshold", "32"]
-#: D's KV cache in the overload and D-killed cases: room for one or two
-#: requests, so the others wait in D's queue, heartbeated, their blocks held
-#: on P (a D with room for all reads them at once, and P holds nothing).
-#: vLLM needs one max-length sequence (512 tokens) plus its null block.
-D_SMALL_BLOCKS = 18
-#: ... and it runs one request at a time, so that the queue outlives the
-#: lease however fast the machine decodes (a D that is not starved decodes
-#: 24 overload requests (300 tokens each) four at a time in under 20 s).
-D_SMALL = dict(num_blocks=D_SMALL_BLOCKS, args=["--max-num-seqs", "1"])
-
-
-def p_spec(connector: str, tp: int = 1, **kw) -> InstanceSpec:
-    name = f"p-{connector}" + (f"-tp{tp}" if tp > 1 else "") + ("-async" if "env" in kw else "")
-    return InstanceSpec(name=name, connector=connector, extra=dict(EXTRA), tp=tp,
-                        num_blocks=P_BLOCKS, args=list(P_ARGS), prefill=True, **kw)
-
-
-def d_spec(connector: str, **kw) -> InstanceSpec:
-    name = (f"d-{connector}" + (f"-{kw['num_blocks']}blocks" if "num_blocks" in kw else "")
-            + ("-async" if "env" in kw else ""))
-    return InstanceSpec(name=name, connector=connector, extra=dict(EXTRA), **kw)
-
-
-REF = InstanceSpec(name="ref")
-#: Phase D's D, started with phase C's new P (one start fewer: about 35 s).
-D_SMALL_SPEC = d_spec("kvlease", **D_SMALL)
-PHASE_A = dict(p=p_spec("kvlease"), d=d_spec("kvlease"),
-               p_stock=p_spec("stock"), d_stock=d_spec("stock"))
-ASYNC_ENV = {"KVLEASE_ENGINE_ASYNC_SCHEDULING": "1"}
-
-# ---- the prompt sets, all known up front so one plain instance answers them --
-
-HAPPY = ("happy", 24, 1, {})
-LATE_A = ("late-a", 1, 2, {})
-FILLER = ("filler", 14, 3, {})
-#: 32 x 300 tokens, one request at a time on the small D: 24 of them took
-#: 37 s once D no longer starved (13 past lease + interval), which would
-#: leave a host twice as fast about 3; 32 leave it about 8. (400 tokens
-#: leave the small D 2 blocks beside the running request, and 32 of them
-#: took 152 s.)
-OVERLOAD = ("overload", 32, 4, {"min_len": 40, "max_len": 60, "max_tokens": 300})
-PREEMPT = ("preempt", 6, 5, {"min_len": 380, "max_len": 420, "max_tokens": 8})
-SOAK = ("soak", 200, 6, {"min_len": 64, "max_len": 128, "max_tokens": 12})
-#: Decodes long enough (up to 510 tokens, 16 of the small D's 17 blocks) that
-#: the small D reads the queue's KV one request at a time: P still holds
-#: most of it when D is killed (with 200-token decodes D had read all 8
-#: within 10 s, and a kill 7 s in found P nearly empty).
-KILL = ("kill", 8, 7, {"min_len": 96, "max_len": 110, "max_tokens": 400})
-AFTER = ("after", 8, 8, {})
-MIXED = ("mixed", 12, 9, {})
-TP2 = ("tp2", 12, 10, {})
-ASYNC = ("async", 12, 11, {})
-#: Push mode (phase F): each set runs on the kvlease pair and the stock pair.
-PUSH_HAPPY = ("push-happy", 8, 12, {})
-PUSH_LATE = ("push-late", 4, 13, {})
-PUSH_MIXED = ("push-mixed", 4, 14, {})
-PUSH_KILL = ("push-kill", 4, 15, {})
-SETS = [HAPPY, LATE_A, FILLER, OVERLOAD, PREEMPT, SOAK, KILL, AFTER, MIXED, TP2, ASYNC,
-        PUSH_HAPPY, PUSH_LATE, PUSH_MIXED, PUSH_KILL]
-
-
-class PromptSet:
-    def __init__(self, model: str, spec) -> None:
-        name, n, seed, opts = spec
-        opts = dict(opts)
-        self.name = name
-        self.max_tokens = opts.pop("max_tokens", workload.MAX_TOKENS)
-        self.prompts = make_prompts(model, n, seed, **opts)
-        self.reference: list[str] = []
-
-
-@pytest.fixture(scope="session")
-def sets(fleet) -> dict[str, PromptSet]:
-    """Every prompt set with its reference texts from a plain ``vllm serve``,
-    started beside the first P and D and stopped once it answered."""
-    only = os.environ.get("ENGINE_ONLY_SETS")  # a prefix: a quicker run of some cases
-    out = {s[0]: PromptSet(fleet.model, s) for s in SETS if not only or s[0].startswith(only)}
-    fleet.ensure(ref=REF, **({} if only else PHASE_A))
-    ref = fleet.running["ref"]
-    for ps in out.values():
-        answers = run(complete_all(ref.url, ps.prompts, concurrency=8, max_tokens=ps.max_tokens,
-                                   prefix=f"ref-{ps.name}"))
-        bad = [a for a in answers if not a.ok]
-        assert not bad, f"the plain reference failed: {bad[0].error}"
-        ps.reference = [a.text for a in answers]
-    fleet.stop("ref")
-    return out
-
-
-def compare(answers: list[Answer], reference: list[str]) -> dict[str, int]:
-    equal = sum(a.ok and a.text == r for a, r in zip(answers, reference))
-    wrong = sum(a.ok and a.text != r for a, r in zip(answers, reference))
-    failed = sum(not a.ok for a in answers)
-    return {"requests": len(answers), "texts_equal": equal, "wrong_answers": wrong,
-            "http_errors": failed}
-
-
-COUNTERS = {
-    # D
-    "verified": "vllm:kv_lease_verified_loads_total",
-    "failed_checks": "vllm:kv_lease_failed_checks_total",
-    "unverified": "vllm:kv_lease_unverified_loads_total",
-    "failed_transfers": "vllm:nixl_num_failed_transfers_total",
-    "late_rounds": "vllm:kv_lease_late_heartbeat_rounds_total",
-    # P
-    "expired": "vllm:kv_lease_expired_total",
-    "stock_expired": "vllm:nixl_num_kv_expired_reqs_total",
-}
-
-
-def counters(inst, settle: bool = True, names: dict[str, str] = COUNTERS) -> dict[str, float]:
-    """An instance's lease counters (0 for those it does not export), read
-    once they stopped moving: a step's stats reach /metrics with the engine's
-    next output batch, a moment after the answer that step produced."""
-    last = None
-    for _ in range(20 if settle else 1):
-        now = {}
-        for key, metric in names.items():
-            try:
-                now[key] = inst.metric(metric)
-            except KeyError:
-                now[key] = 0.0
-        if now == last:
-            break
-        last = now
-        time.sleep(0.5)
-    return last
-
-
-def delta(after: dict, before: dict, *keys: str) -> dict[str, float]:
-    return {k: after[k] - before[k] for k in keys}
-
-
-def p_usage_back(p, baseline: float, timeout: float) -> float | None:
-    """Seconds until P's KV usage is back at ``baseline``, or None."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if p.kv_usage() <= baseline + 1e-9:
-            return time.monotonic() - t0
-        time.sleep(0.25)
-    return None
-
-
-# ---- the scenarios, run against any P and D ------------------------------------
-
-
-def happy(fleet, ps: PromptSet, kind: str, p: str = "p", d: str = "d") -> dict:
-    p_inst, d_inst = fleet.running[p], fleet.running[d]
-    p_before, d_before = counters(p_inst), counters(d_inst)
-    answers = run(complete_all(fleet.router(kind, p, d).url, ps.prompts, concurrency=4,
-                               max_tokens=ps.max_tokens, prefix=f"{ps.name}-{kind}-{p}-{d}"))
-    figures = compare(answers, ps.reference)
-    figures.update(delta(counters(d_inst), d_before, "verified", "failed_checks", "unverified"))
-    figures.update(delta(counters(p_inst), p_before, "expired"))
-    return figures
-
-
-def every_load_verified_or_lapsed(figures: dict) -> None:
-    """Each load was verified, or failed its check because P's lease had
-    really expired (a D step seconds late on a loaded machine): a check that
-    failed while P still held the lease would be a false alarm, and fails."""
-    assert figures["verified"] + figures["failed_checks"] >= figures["requests"], figures
-    assert figures["failed_checks"] <= figures["expired"], figures
-    assert figures["verified"] >= 1, figures
-
-
-async def late_arrival_async(fleet, sets, p: str = "p", d: str = "d") -> dict:
-    """Prefill A, hold it at the router until P let its lease go, prefill
-    other requests that reuse A's blocks, then send A to D."""
-    router = fleet.router("float64", p, d)
-    d_inst = fleet.running[d]
-    a, filler = sets["late-a"], sets["filler"]
-    before = await asyncio.to_thread(counters, d_inst)
-    key = f"late-{random.getrandbits(32):08x}"
-    async with aiohttp.ClientSession() as session:
-        task = asyncio.create_task(complete(session, router.url, a.prompts[0],
-                                            max_tokens=a.max_tokens, hold_key=key,
-                                            request_id=key))
-        await asyncio.to_thread(router.wait_held, key)
-        t0 = time.monotonic()
-        # P lets A go LEASE after its prefill; wait past that, plus a step.
-        await asyncio.sleep(LEASE + 3.0)
-        fill = await complete_all(router.url, filler.prompts, concurrency=2,
-                                  max_tokens=filler.max_tokens, prefix=f"{key}-fill")
-        router.release(key)
-        ans = await task
-        held = time.monotonic() - t0
-    after = await asyncio.to_thread(counters, d_inst)
-    return {
-        "a_equal": int(ans.ok and ans.text == a.reference[0]),
-        "a_wrong": int(ans.ok and ans.text != a.reference[0]),
-        "a_status": ans.status,
-        "held_s": round(held, 1),
-        "filler_equal": compare(fill, filler.reference)["texts_equal"],
-        "failed_checks": after["failed_checks"] - before["failed_checks"],
-    }
-
-
-def late_arrival(fleet, sets, p: str = "p", d: str = "d") -> dict:
-    return run(late_arrival_async(fleet, sets, p, d))
-
-
-async def soak_async(fleet, sets, seed: int, p: str = "p", d: str = "d") -> dict:
-    """200 requests at concurrency 16, router holds spread around the lease:
-    75 % go straight through, 20 % wait up to a quarter lease, 5 % wait 1.1
-    to 1.3 leases (those lapse on P)."""
-    ps = sets["soak"]
-    rng = random.Random(seed)
-    holds = []
-    for _ in ps.prompts:
-        x = rng.random()
-        holds.append(0.0 if x < 0.75 else rng.uniform(0, LEASE / 4) if x < 0.95
-                     else rng.uniform(1.1 * LEASE, 1.3 * LEASE))
-    p_inst, d_inst = fleet.running[p], fleet.running[d]
-    before = await asyncio.to_thread(counters, d_inst)
-    t0 = time.monotonic()
-    answers = await complete_all(fleet.router("float64", p, d).url, ps.prompts, concurrency=16,
-                                 holds=holds, max_tokens=ps.max_tokens, prefix=f"soak-{p}")
-    figures = compare(answers, ps.reference)
-    figures["wall_s"] = round(time.monotonic() - t0, 1)
-    figures["held_past_lease"] = sum(h > LEASE for h in holds)
-    figures.update(delta(await asyncio.to_thread(counters, d_inst), before, "failed_checks"))
-    # Where the time went (the float64 router's leg timings): a lapse the
-    # holds did not cause is a P leg plus a D leg longer than the lease.
-    p_legs = sorted(a.p_leg_s for a in answers if a.p_leg_s is not None)
-    d_legs = sorted(a.d_leg_s for a in answers if a.d_leg_s is not None)
-    if p_legs and d_legs:
-        figures["p_leg_p50_s"] = round(p_legs[len(p_legs) // 2], 2)
-        figures["p_leg_max_s"] = round(p_legs[-1], 2)
-        figures["d_leg_p50_s"] = round(d_legs[len(d_legs) // 2], 2)
-        figures["d_leg_max_s"] = round(d_legs[-1], 2)
-    back = await asyncio.to_thread(p_usage_back, p_inst, 0.0, LEASE + EXTENSION + 10)
-    figures["p_usage_back_s"] = None if back is None else round(back, 1)
-    figures["p_usage_end"] = p_inst.kv_usage()
-    return figures
-
-
-async def both(a, b):
-    return await asyncio.gather(a, b)
-
+from measures import compare, counters, delta, p_usage_back
+from push_pairs import (PAIRS, PUSH_COUNTERS, PUSH_FENCE, PUSH_LEASE, STRAY,
+                        d_leak, d_leg_patience, push_counters, push_figures, push_round,
+                        retire_stuck_stock_d, stock_control, stock_hangs_and_leaks, usage_back)
+from scenarios import (both, every_load_verified_or_lapsed, happy, late_arrival,
+                       late_arrival_async, soak_async)
+from shapes import (ASYNC_ENV, D_SMALL_SPEC, EXTENSION, INTERVAL, LEASE, PHASE_A, PHASE_F,
+                    d_spec, p_spec)
+from workload import complete, complete_all, push_all, run
 
 # ---- phase A: kvlease P and D, stock P and D beside them ----------------------
 
@@ -698,127 +457,18 @@ def test_tp2_p_with_async_scheduling_happy_lapse_and_abort(fleet, sets, record):
     assert figures["after_equal"] == 4 and figures["crashes"] == 0, figures
 
 
-# ---- phase F: push mode, kvlease beside stock --------------------------------
+# ---- phase F: push mode, kvlease beside stock (push_pairs.py) -----------------
 
-#: kv_lease_duration of the push pairs (s): the lease of the issue's trial.
-#: D's write permit lasts as long, so a permit P never renews is fenced
-#: PUSH_LEASE + the write bound (kv_lease_push_write_bound, 10 s) after
-#: D registered it.
-PUSH_LEASE = 12.0
-PUSH_WRITE_BOUND = 10.0
-PUSH_FENCE = PUSH_LEASE + PUSH_WRITE_BOUND
-PUSH_EXTRA = {"kv_lease_duration": int(PUSH_LEASE)}
-#: How long a client waits for its D leg before it counts a hang and gives
-#: up (which aborts the request on D): past kvlease's worst case, a push
-#: fenced (22 s) and recomputed on a 2-core machine whose engines stall for
-#: tens of seconds at a time (a recompute's D leg took 44 s once, and more
-#: than 60 s twice with every push already failed by D).
-PUSH_PATIENCE = 120.0
-#: The same for the stock control: stock has no bound at all (its
-#: registration watchdog, 480 s, only logs), and it runs on a quiet machine
-#: (below), where a push P serves answers in seconds: a D leg with no answer
-#: after five of P's leases waits for a WRITE that no longer comes.
-STOCK_PUSH_PATIENCE = 60.0
+def push_phase(fleet, stock: bool = True) -> None:
+    """Phase F's instances; ``stock=False`` stops the stock pair (a case
+    whose control was reused, after the mixed fleets that need it)."""
+    specs = dict(PHASE_F)
+    if not stock:
+        specs.update({r: None for r in PAIRS["stock"]})
+    fleet.ensure(p=None, d=None, d_small=None, p_stock=None, d_stock=None, ref=None, **specs)
 
 
-def d_leg_patience(c: str) -> float:
-    """How long pair ``c``'s clients wait for a D leg before counting a hang."""
-    return PUSH_PATIENCE if c == "kvlease" else STOCK_PUSH_PATIENCE
-PUSH_COUNTERS = {
-    # D
-    "permits": "vllm:kv_push_permits_total",
-    "push_failed": "vllm:kv_push_failed_total",
-    "unguarded": "vllm:kv_push_unguarded_total",
-    # P
-    "written": "vllm:kv_push_written_total",
-    "refused": "vllm:kv_push_refused_total",
-    "gate_closed": "vllm:kv_push_gate_closed_total",
-}
-
-
-#: What a stock vLLM logs for a notification it cannot place (it reads the
-#: text before the last ":" as a request id): a guard message that reached it.
-STRAY = r"request (PRN|PRV|PEND|PHB) notif|PUSH_REG.*kvlease_permit"
-
-
-def push_spec(role: str, connector: str) -> InstanceSpec:
-    if role == "p":
-        return InstanceSpec(name=f"p-{connector}", connector=connector, extra=dict(PUSH_EXTRA),
-                            num_blocks=P_BLOCKS, prefill=True)
-    return InstanceSpec(name=f"d-{connector}", connector=connector, extra=dict(PUSH_EXTRA))
-
-
-PHASE_F = dict(p_push=push_spec("p", "kvlease-push"), d_push=push_spec("d", "kvlease-push"),
-               p_push_stock=push_spec("p", "stock-push"),
-               d_push_stock=push_spec("d", "stock-push"))
-PAIRS = {"kvlease": ("p_push", "d_push"), "stock": ("p_push_stock", "d_push_stock")}
-
-
-def push_phase(fleet) -> None:
-    fleet.ensure(p=None, d=None, d_small=None, p_stock=None, d_stock=None, ref=None, **PHASE_F)
-
-
-def push_counters(inst) -> dict[str, float]:
-    return counters(inst, names=PUSH_COUNTERS)
-
-
-def d_leak(d, settle_s: float = 3.0) -> dict:
-    """D's KV usage with nothing running or waiting: what stays held is
-    leaked. ``d_busy_cores``: the cores D kept busy meanwhile (stock's D
-    spins on the pushes it still waits for)."""
-    time.sleep(settle_s)
-    return {"d_running": d.metric("vllm:num_requests_running"),
-            "d_waiting": d.metric("vllm:num_requests_waiting"),
-            "d_usage_end": round(d.kv_usage(), 4),
-            "d_busy_cores": round(d.busy_cores(), 2)}
-
-
-def usage_back(inst, timeout: float) -> float | None:
-    """Seconds until ``inst``'s KV usage is 0, or None."""
-    return p_usage_back(inst, 0.0, timeout)
-
-
-def retire_stuck_stock_d(fleet, figures: dict) -> None:
-    """Stops the stock D once it was left waiting on a push that cannot come
-    (a hang, or KV still held): its engine then steps without end, 1.6-1.7
-    cores busy (``d_busy_cores``), which on this 2-core machine starves
-    every instance beside it, so that P legs of the next case time out (with
-    the pairs at once, one run lost 6 of kvlease's 8 P legs, a gate run 4 of
-    a mixed case's 4). The next case's ``push_phase`` starts a fresh one.
-    Its figures are recorded first."""
-    if figures["hangs"] or figures.get("d_usage_end", 0) > 0:
-        fleet.stop(PAIRS["stock"][1])
-
-
-def push_figures(answers: list[Answer], reference: list[str]) -> dict:
-    figures = compare(answers, reference)
-    # A hang is a D leg with no answer; a P leg that failed (P's own 60 s
-    # patience, on an engine stalling for tens of seconds) never reached D:
-    # counted apart, and left out of the texts a push must get right.
-    figures["hangs"] = sum(a.status == 0 and a.p_leg_s is not None for a in answers)
-    figures["p_leg_failures"] = sum(a.status == 0 and a.p_leg_s is None for a in answers)
-    oks = [a.latency_s for a in answers if a.ok]
-    figures["latency_max_s"] = round(max(oks), 1) if oks else None
-    return figures
-
-
-def push_round(fleet, c: str, ps: PromptSet, name: str, *, concurrency: int = 2,
-               **kw) -> dict:
-    """One push round of ``ps`` on pair ``c`` ("kvlease" or "stock"): the
-    answers' figures, D's permits and failed pushes, P's WRITEs and
-    refusals. Each D leg waits ``d_leg_patience(c)``."""
-    p, d = (fleet.running[r] for r in PAIRS[c])
-    pb, db = push_counters(p), push_counters(d)
-    answers = run(push_all(p.url, d.url, ps.prompts, prefix=f"{name}-{c}",
-                           concurrency=concurrency, max_tokens=ps.max_tokens,
-                           timeout_s=d_leg_patience(c), **kw))
-    figures = push_figures(answers, ps.reference)
-    figures.update(delta(push_counters(d), db, "permits", "push_failed"))
-    figures.update(delta(push_counters(p), pb, "written", "refused"))
-    return figures
-
-
-def test_push_happy_path_kvlease_guards_every_push(fleet, sets, record):
+def test_push_happy_path_kvlease_guards_every_push(fleet, sets, record, controls):
     """Push mode (vLLM's NixlPushConnector; kvlease's KvLeaseNixlPushConnector)
     on vLLM's CPU engine: each request to P first, then to D with P's
     kv_transfer_params and the same X-Request-Id. kvlease: every text equals
@@ -827,13 +477,22 @@ def test_push_happy_path_kvlease_guards_every_push(fleet, sets, record):
     machine stalls a fresh engine for seconds) ends as a recompute, never a
     wait: counted in push_failed. Stock after it, recorded."""
     push_phase(fleet)
-    figures = {}
-    for c, (_p, d) in PAIRS.items():
-        figures[c] = push_round(fleet, c, sets["push-happy"], "push-happy")
-        figures[c].update(d_leak(fleet.running[d], settle_s=0))
-        figures[c]["d_usage_back_s"] = usage_back(fleet.running[d], PUSH_FENCE + 10)
-        record.write("push: happy path", c, **figures[c])
-    retire_stuck_stock_d(fleet, figures["stock"])
+    case = "push: happy path"
+
+    def measure(c: str) -> dict:
+        d = fleet.running[PAIRS[c][1]]
+        f = push_round(fleet, c, sets["push-happy"], "push-happy")
+        f.update(d_leak(d, settle_s=0))
+        f["d_usage_back_s"] = usage_back(d, PUSH_FENCE + 10)
+        if c == "stock":
+            retire_stuck_stock_d(fleet, f)
+        return f
+
+    # Stock's happy path asserts nothing: it is the table's baseline.
+    figures = {"kvlease": measure("kvlease"),
+               "stock": stock_control(controls, case, lambda: measure("stock"), lambda f: True)}
+    for c, f in figures.items():
+        record.write(case, c, **f)
     kv = figures["kvlease"]
     assert kv["texts_equal"] == kv["requests"] - kv["p_leg_failures"] and kv["hangs"] == 0, kv
     assert kv["p_leg_failures"] <= 1, kv
@@ -842,7 +501,7 @@ def test_push_happy_path_kvlease_guards_every_push(fleet, sets, record):
     assert kv["d_usage_back_s"] is not None, kv
 
 
-def test_push_late_registration_stock_hangs_kvlease_recomputes(fleet, sets, record):
+def test_push_late_registration_stock_hangs_kvlease_recomputes(fleet, sets, record, controls):
     """The registration reaches P after P let the request go (the D leg held
     back past P's lease). Stock: D waits for a WRITE that cannot come, the
     client gives up, and D keeps the blocks. kvlease: P answers the
@@ -850,18 +509,26 @@ def test_push_late_registration_stock_hangs_kvlease_recomputes(fleet, sets, reco
     text equals the reference, and D's blocks come back."""
     push_phase(fleet)
     ps = sets["push-late"]
-    figures = {}
-    for c, (_p, d) in PAIRS.items():
+    case = "push: registration reaches P late"
+
+    def measure(c: str) -> dict:
         # Every P leg at once, before any D leg: P answers them on a quiet
         # machine, and all the registrations come late together.
-        figures[c] = push_round(fleet, c, ps, "push-late", concurrency=len(ps.prompts),
-                                between_s=PUSH_LEASE + 10)
-        figures[c].update(d_leak(fleet.running[d]))
-        figures[c]["held_s"] = PUSH_LEASE + 10
-        record.write("push: registration reaches P late", c, **figures[c])
-    retire_stuck_stock_d(fleet, figures["stock"])
+        f = push_round(fleet, c, ps, "push-late", concurrency=len(ps.prompts),
+                       between_s=PUSH_LEASE + 10)
+        f.update(d_leak(fleet.running[PAIRS[c][1]]))
+        f["held_s"] = PUSH_LEASE + 10
+        if c == "stock":
+            retire_stuck_stock_d(fleet, f)
+        return f
+
+    figures = {"kvlease": measure("kvlease"),
+               "stock": stock_control(controls, case, lambda: measure("stock"),
+                                      stock_hangs_and_leaks)}
+    for c, f in figures.items():
+        record.write(case, c, **f)
     kv, stock = figures["kvlease"], figures["stock"]
-    assert stock["hangs"] >= 1 and stock["d_usage_end"] > 0, (
+    assert stock_hangs_and_leaks(stock), (
         f"the stock control showed no hang and no leak: the case tested nothing ({stock})")
     assert kv["texts_equal"] == kv["requests"] - kv["p_leg_failures"] and kv["hangs"] == 0, kv
     assert kv["p_leg_failures"] <= 1, kv
@@ -903,7 +570,7 @@ def test_push_mixed_fleets_get_stock_behaviour(fleet, sets, record):
             assert figures["unguarded"] >= figures["requests"] - figures["http_errors"], figures
 
 
-def test_push_p_killed_with_registrations_outstanding(fleet, sets, record):
+def test_push_p_killed_with_registrations_outstanding(fleet, sets, record, controls):
     """P answers the prefills, then dies (SIGKILL), and the D legs come. Two
     of them are patient (PUSH_PATIENCE: the fence, then a recompute on a D
     that stalls for tens of seconds at a time on 2 cores), two give up after
@@ -912,7 +579,9 @@ def test_push_p_killed_with_registrations_outstanding(fleet, sets, record):
     come, so D frees at the fence (the permit's 12 s plus the 10 s write
     bound after it registered): the patient two are recomputed (texts equal
     the reference), the aborted two's blocks come back too."""
-    push_phase(fleet)
+    case = "push: P killed, registrations outstanding, D aborts"
+    stock_figures = controls.reused(case)
+    push_phase(fleet, stock=stock_figures is None)
     ps = sets["push-kill"]
 
     async def scenario(c: str):
@@ -955,11 +624,8 @@ def test_push_p_killed_with_registrations_outstanding(fleet, sets, record):
             return (answers, ended_s, (None if back is None else round(time.monotonic() - t0, 1)),
                     warm.ok)
 
-    # One pair after the other: stock's D spins once it waits on a push
-    # that cannot come (see retire_stuck_stock_d), so kvlease goes first.
-    results = [run(scenario(c)) for c in PAIRS]
-    figures = {}
-    for c, (answers, ended_s, back, warm_ok) in zip(PAIRS, results):
+    def measure(c: str) -> dict:
+        answers, ended_s, back, warm_ok = run(scenario(c))
         patient = [a for i, a in enumerate(answers) if i % 2 == 0]
         ref = [r for i, r in enumerate(ps.reference) if i % 2 == 0]
         f = push_figures(patient, ref)
@@ -975,10 +641,19 @@ def test_push_p_killed_with_registrations_outstanding(fleet, sets, record):
         f["bound_s"] = PUSH_FENCE + 18
         f["d_usage_back_s"] = back
         f.update(d_leak(fleet.running[PAIRS[c][1]], settle_s=0))
-        figures[c] = f
-        record.write("push: P killed, registrations outstanding, D aborts", c, **f)
+        return f
+
+    # One pair after the other: stock's D spins once it waits on a push
+    # that cannot come (see retire_stuck_stock_d), so kvlease goes first.
+    figures = {"kvlease": measure("kvlease")}
+    if stock_figures is None:
+        stock_figures = measure("stock")
+        controls.store(case, stock_figures, shows=stock_hangs_and_leaks(stock_figures))
+    figures["stock"] = stock_figures
+    for c, f in figures.items():
+        record.write(case, c, **f)
     kv, stock = figures["kvlease"], figures["stock"]
-    assert stock["hangs"] >= 1 and stock["d_usage_end"] > 0, (
+    assert stock_hangs_and_leaks(stock), (
         f"the stock control showed no hang and no leak: the case tested nothing ({stock})")
     assert kv["texts_equal"] == kv["requests"] - kv["p_leg_failures"] and kv["hangs"] == 0, kv
     assert kv["p_leg_failures"] <= 1, kv

@@ -33,9 +33,12 @@ every call.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from .._native import ClockEstimate
+
+logger = logging.getLogger("vllm.kvlease.push")
 
 #: Re-sample a D's clock once the estimate is this old (s): at the
 #: estimator's 100 ppm the bound grows 6 ms a minute.
@@ -94,6 +97,13 @@ class DClocks:
                 taken = False
             took = took or taken
         if took:
+            if entry.sampled_at is None:
+                # Once per D engine (a restarted D is a new engine): what
+                # an operator compares with the hosts' clocks.
+                offset, bound = entry.estimate.offset, entry.estimate.bound(now)
+                if offset is not None and bound is not None:
+                    logger.info("kvlease: P's first estimate of D engine %s's clock: %+.6f s "
+                                "from P's, error bound %.3f ms", engine, offset, bound * 1e3)
             entry.sampled_at = now
             entry.failed_asks = 0
             self._schedule(entry, now + CLOCK_RESAMPLE_S)

@@ -70,7 +70,9 @@ class TwoHosts:
     whose monotonic clock runs ``offset`` seconds ahead."""
 
     def __init__(self, ahead: str, offset: int = 100_000, subnet: int = 78) -> None:
-        tag = f"{os.getpid() % 10000}"
+        # The subnet in the names too: two pairs of hosts of one process
+        # (the real-engine step's two clock orientations) may coexist.
+        tag = f"{subnet % 100}{os.getpid() % 10000}"
         self.bridge = f"kvlbr{tag}"
         self.gateway = f"10.{subnet}.0.1"
         self.p = Host("P", f"kvl-p{tag}", f"10.{subnet}.0.2", f"kvlp{tag}n",
