@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from controls import ControlCache, inputs_key  # noqa: E402
 from fleet import Fleet  # noqa: E402
 from prompt_sets import SETS, PromptSet  # noqa: E402
-from shapes import PHASE_A, REF  # noqa: E402
+from harness import hosts  # noqa: E402  (on the path through instances.py)
+from shapes import D_AHEAD, P_AHEAD, PHASE_A, REF  # noqa: E402
 from workload import complete_all, run  # noqa: E402
 
 
@@ -53,7 +54,18 @@ def controls() -> ControlCache:
 
 
 @pytest.fixture(scope="session")
-def fleet(results_dir: Path):
+def two_hosts():
+    """The two pairs of hosts every P and D runs on (shapes.py), made for
+    the session and removed after the fleet stopped."""
+    why = hosts.available()
+    if why is not None:
+        pytest.fail(f"the hosts cannot be made here: {why} (root, ip and unshare)")
+    with D_AHEAD, P_AHEAD:
+        yield {"D ahead": D_AHEAD, "P ahead": P_AHEAD}
+
+
+@pytest.fixture(scope="session")
+def fleet(results_dir: Path, two_hosts):
     model = _model()
     logs = _work() / "logs" / time.strftime("%Y%m%d-%H%M%S")
     f = Fleet(model, logs)

@@ -64,13 +64,18 @@ class Fleet:
         inst.kill()
         return inst
 
-    def router(self, kind: str, p: str = "p", d: str = "d") -> RouterProcess:
+    def router(self, kind: str, p: str | tuple[str, ...] = "p",
+               d: str | tuple[str, ...] = "d") -> RouterProcess:
         """A router of ``kind`` ("toy" or "float64") in front of the running
-        instances of roles ``p`` and ``d``; kept until an instance changes."""
-        key = (kind, p, d)
+        instances of roles ``p`` and ``d`` (a role, or several: the router
+        takes turns among them); kept until an instance changes."""
+        ps = (p,) if isinstance(p, str) else tuple(p)
+        ds = (d,) if isinstance(d, str) else tuple(d)
+        key = (kind, ps, ds)
         r = self.routers.get(key)
         if r is None:
-            r = RouterProcess(kind, [self.running[p]], [self.running[d]], self.logs).start()
+            r = RouterProcess(kind, [self.running[x] for x in ps], [self.running[x] for x in ds],
+                              self.logs).start()
             self.routers[key] = r
         return r
 

@@ -10,6 +10,7 @@ does, with the other phases' shapes) or judge a case.
 
 from __future__ import annotations
 
+import re
 import time
 
 from measures import compare, counters, delta, p_usage_back
@@ -56,6 +57,10 @@ PUSH_COUNTERS = {
 #: What a stock vLLM logs for a notification it cannot place (it reads the
 #: text before the last ":" as a request id): a guard message that reached it.
 STRAY = r"request (PRN|PRV|PEND|PHB) notif|PUSH_REG.*kvlease_permit"
+
+#: P's log line for its first sample of a D engine's clock (push_clocks.py).
+ESTIMATE = re.compile(r"kvlease: P's first estimate of D engine (\S+)'s clock: "
+                      r"([+-][\d.]+) s from P's, error bound ([\d.]+) ms")
 
 #: The fleet's roles of each push pair.
 PAIRS = {"kvlease": ("p_push", "d_push"), "stock": ("p_push_stock", "d_push_stock")}
@@ -136,3 +141,27 @@ def push_round(fleet, c: str, ps, name: str, *, concurrency: int = 2,
     figures.update(delta(push_counters(d), db, "permits", "push_failed"))
     figures.update(delta(push_counters(p), pb, "written", "refused"))
     return figures
+
+
+def clock_estimate(p, true_offset: float) -> dict:
+    """P's estimates of D's clock from P's log, the one furthest outside its
+    claimed bound against ``true_offset`` (D's clock minus P's, exactly, on
+    two hosts of shapes.py): ``estimates`` (how many) and, when there is one,
+    its offset, the true offset, its error and its bound."""
+    found = [(float(offset), float(bound_ms))
+             for _engine, offset, bound_ms in ESTIMATE.findall(p.log_text())]
+    out: dict = {"estimates": len(found)}
+    if found:
+        offset, bound_ms = max(found, key=lambda e: abs(e[0] - true_offset) * 1e3 - e[1])
+        out.update(clock_offset_s=offset, true_offset_s=true_offset,
+                   clock_error_ms=round(abs(offset - true_offset) * 1e3, 3),
+                   clock_bound_ms=bound_ms)
+    return out
+
+
+def estimate_within_its_bound(figures: dict) -> None:
+    """P logged an estimate of D's clock, and it is no further off the true
+    offset than the bound it claims."""
+    assert figures["estimates"] >= 1, f"P logged no estimate of D's clock: {figures}"
+    assert figures["clock_error_ms"] <= figures["clock_bound_ms"], (
+        f"P's estimate of D's clock is further off the true offset than it claims: {figures}")

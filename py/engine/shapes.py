@@ -1,15 +1,43 @@
-"""The shapes of the real-engine cases' instances: the pull pairs' lease,
-P's small KV cache and chunked prefill, D's small cache, and each phase's
-set of roles (``PHASE_A``, ``PHASE_F``).
+"""The shapes of the real-engine cases' instances: the two hosts they run
+on, the pull pairs' lease, P's small KV cache and chunked prefill, D's
+small cache, and each phase's set of roles (``PHASE_A``, ``PHASE_F``).
 
-Owns: what each role runs as (``InstanceSpec``). May not start anything:
-``fleet.Fleet.ensure`` does, when a case asks for a phase.
+Owns: what each role runs as (``InstanceSpec``) and on which host. May not
+start anything: ``fleet.Fleet.ensure`` does, when a case asks for a phase;
+nor make the hosts: the session fixture ``two_hosts`` (conftest.py) does.
+
+The hosts (issue 37): every P and D runs on one of two "hosts", network
+namespaces on a bridge this machine's own namespace reaches (the routers
+and the plain reference run there), with UCX over TCP between them and
+vLLM's side channels on the hosts' addresses; one of the two also sits in
+a time namespace whose ``CLOCK_MONOTONIC`` runs ``OFFSET`` seconds ahead
+(``py/tests/vllm/harness/hosts.py``). Phases A, C and D (pull) and G
+(push) run with D's clock ahead (``D_AHEAD``), phases E (pull) and F
+(push) with P's (``P_AHEAD``): both kinds, both ways round, with no
+instance started for the hosts alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+from harness import hosts
 from instances import InstanceSpec
 from push_pairs import PUSH_EXTRA
+
+#: How far the host in the time namespace runs ahead (s): D's clock minus
+#: P's is exactly this on D_AHEAD, minus this on P_AHEAD.
+OFFSET = 100_000
+#: Names and addresses only: made and removed by the ``two_hosts`` fixture.
+#: Subnets 10.79 and 10.80: not the harness's 10.78, so a step 10 left
+#: running beside cannot collide.
+D_AHEAD = hosts.TwoHosts(ahead="D", offset=OFFSET, subnet=79)
+P_AHEAD = hosts.TwoHosts(ahead="P", offset=OFFSET, subnet=80)
+
+
+def on(spec: InstanceSpec, host) -> InstanceSpec:
+    """``spec`` started on ``host`` (its log named after the host)."""
+    return dataclasses.replace(spec, name=f"{spec.name}-on-{host.name}", host=host)
 
 #: kv_lease_duration (s): heartbeat every 3 s, extension 12 s. At least 12 s
 #: on 2 cores (P's HTTP replies alone took up to 6 s under load); 18 s leaves
@@ -51,9 +79,9 @@ def d_spec(connector: str, **kw) -> InstanceSpec:
 
 REF = InstanceSpec(name="ref")
 #: Phase D's D, started with phase C's new P (one start fewer: about 35 s).
-D_SMALL_SPEC = d_spec("kvlease", **D_SMALL)
-PHASE_A = dict(p=p_spec("kvlease"), d=d_spec("kvlease"),
-               p_stock=p_spec("stock"), d_stock=d_spec("stock"))
+D_SMALL_SPEC = on(d_spec("kvlease", **D_SMALL), D_AHEAD.d)
+PHASE_A = dict(p=on(p_spec("kvlease"), D_AHEAD.p), d=on(d_spec("kvlease"), D_AHEAD.d),
+               p_stock=on(p_spec("stock"), D_AHEAD.p), d_stock=on(d_spec("stock"), D_AHEAD.d))
 ASYNC_ENV = {"KVLEASE_ENGINE_ASYNC_SCHEDULING": "1"}
 
 
@@ -65,6 +93,7 @@ def push_spec(role: str, connector: str, **kw) -> InstanceSpec:
     return InstanceSpec(name=f"d-{connector}", connector=connector, extra=dict(PUSH_EXTRA), **kw)
 
 
-PHASE_F = dict(p_push=push_spec("p", "kvlease-push"), d_push=push_spec("d", "kvlease-push"),
-               p_push_stock=push_spec("p", "stock-push"),
-               d_push_stock=push_spec("d", "stock-push"))
+PHASE_F = dict(p_push=on(push_spec("p", "kvlease-push"), P_AHEAD.p),
+               d_push=on(push_spec("d", "kvlease-push"), P_AHEAD.d),
+               p_push_stock=on(push_spec("p", "stock-push"), P_AHEAD.p),
+               d_push_stock=on(push_spec("d", "stock-push"), P_AHEAD.d))

@@ -27,6 +27,11 @@ F      push mode: p_push and d_push:         push happy path, a registration tha
        d_push_stock: stock-push              registrations outstanding and D's aborts
 =====  ====================================  =========================================
 
+Every P and D runs on one of two "hosts" whose monotonic clocks differ by
+10^5 s, with UCX over TCP between them (``shapes.py``): phases A, C and D
+with D's clock ahead, E and F with P's; the routers and the reference run
+on this machine's own. ``test_real_engine_fleet.py`` follows with phase G.
+
 Phase E turns async scheduling on for both of its instances, the TP 2 P
 included: that is vLLM's default on GPU (the CPU platform turns it off), so
 a TP 2 P in production runs with it, and one pair covers both cases instead
@@ -66,13 +71,14 @@ import pytest
 
 import workload
 from measures import compare, counters, delta, p_usage_back
-from push_pairs import (PAIRS, PUSH_COUNTERS, PUSH_FENCE, PUSH_LEASE, STRAY,
-                        d_leak, d_leg_patience, push_counters, push_figures, push_round,
-                        retire_stuck_stock_d, stock_control, stock_hangs_and_leaks, usage_back)
+from push_pairs import (PAIRS, PUSH_COUNTERS, PUSH_FENCE, PUSH_LEASE, STRAY, clock_estimate,
+                        d_leak, d_leg_patience, estimate_within_its_bound, push_counters,
+                        push_figures, push_round, retire_stuck_stock_d, stock_control,
+                        stock_hangs_and_leaks, usage_back)
 from scenarios import (both, every_load_verified_or_lapsed, happy, late_arrival,
                        late_arrival_async, soak_async)
-from shapes import (ASYNC_ENV, D_SMALL_SPEC, EXTENSION, INTERVAL, LEASE, PHASE_A, PHASE_F,
-                    d_spec, p_spec)
+from shapes import (ASYNC_ENV, D_SMALL_SPEC, EXTENSION, INTERVAL, LEASE, P_AHEAD, PHASE_A,
+                    PHASE_F, d_spec, on, p_spec)
 from workload import complete, complete_all, push_all, run
 
 # ---- phase A: kvlease P and D, stock P and D beside them ----------------------
@@ -252,7 +258,40 @@ def test_p_killed_mid_flight_d_fails_those_loads_and_serves_on(fleet, sets, reco
     assert figures["crashes"] == 0, figures
 
 
-# ---- phase D: a D with a small KV cache: overload, then D killed ---------------
+# ---- phase D: a D with a small KV cache: 1 P and 2 D, overload, then D killed --
+
+
+def test_one_p_two_ds_behind_the_toy_proxy(fleet, sets, record):
+    """A fleet of 1 P and 2 D: phase C's new P, with phase A's D and the
+    small D behind vLLM's toy proxy, which sends the requests to the Ds in
+    turn. Every text equals the reference, each D verified loads of its own
+    (or failed their check on a lease that really lapsed), and P's blocks
+    all come back. Stock is not run beside it: a happy path shows nothing
+    wrong on stock either, and kvlease's claim is 0 wrong answers and 0
+    stuck blocks."""
+    fleet.ensure(p=PHASE_A["p"], d=PHASE_A["d"], d_small=D_SMALL_SPEC)
+    p, ds = fleet.running["p"], {r: fleet.running[r] for r in ("d", "d_small")}
+    before = {r: counters(inst) for r, inst in ds.items()}
+    p_before = counters(p)
+    ps = sets["mixed"]
+    answers = run(complete_all(fleet.router("toy", "p", tuple(ds)).url, ps.prompts,
+                               concurrency=4, max_tokens=ps.max_tokens, prefix="1p2d"))
+    figures = compare(answers, ps.reference)
+    for r, inst in ds.items():
+        for k, v in delta(counters(inst), before[r], "verified", "failed_checks").items():
+            figures[f"{k}_{r}"] = v
+    figures.update(delta(counters(p), p_before, "expired"))
+    back = p_usage_back(p, 0.0, LEASE + EXTENSION)
+    figures["p_usage_back_s"] = None if back is None else round(back, 1)
+    figures["crashes"] = len(fleet.check_crashes())
+    record.write("1 P + 2 D (toy proxy, in turn)", "kvlease", **figures)
+    assert figures["texts_equal"] == figures["requests"], figures
+    for r in ds:
+        assert figures[f"verified_{r}"] >= 1, f"{r} served no verified load: {figures}"
+    assert (sum(figures[f"verified_{r}"] + figures[f"failed_checks_{r}"] for r in ds)
+            >= figures["requests"]), figures
+    assert sum(figures[f"failed_checks_{r}"] for r in ds) <= figures["expired"], figures
+    assert figures["p_usage_back_s"] is not None and figures["crashes"] == 0, figures
 
 
 def test_overload_heartbeats_keep_queued_requests_alive(fleet, sets, record):
@@ -398,7 +437,8 @@ def test_d_killed_p_reclaims_within_the_bound(fleet, sets, record):
 # ---- phase E: P with TP 2 (two worker processes); async scheduling -------------
 
 PHASE_E = dict(
-    p=p_spec("kvlease", tp=2, env=dict(ASYNC_ENV)), d=d_spec("kvlease", env=dict(ASYNC_ENV)),
+    p=on(p_spec("kvlease", tp=2, env=dict(ASYNC_ENV)), P_AHEAD.p),
+    d=on(d_spec("kvlease", env=dict(ASYNC_ENV)), P_AHEAD.d),
 )
 
 
@@ -475,7 +515,9 @@ def test_push_happy_path_kvlease_guards_every_push(fleet, sets, record, controls
     the plain reference, nothing hangs, every push went with a write permit,
     D's blocks all come back. A push P could not serve in time (this 2-core
     machine stalls a fresh engine for seconds) ends as a recompute, never a
-    wait: counted in push_failed. Stock after it, recorded."""
+    wait: counted in push_failed. P's hosts' clock runs 10^5 s ahead of
+    D's: P's estimate of D's clock is within its claimed bound of -10^5 s.
+    Stock after it, recorded."""
     push_phase(fleet)
     case = "push: happy path"
 
@@ -486,6 +528,8 @@ def test_push_happy_path_kvlease_guards_every_push(fleet, sets, record, controls
         f["d_usage_back_s"] = usage_back(d, PUSH_FENCE + 10)
         if c == "stock":
             retire_stuck_stock_d(fleet, f)
+        else:
+            f.update(clock_estimate(fleet.running[PAIRS[c][0]], P_AHEAD.true_offset))
         return f
 
     # Stock's happy path asserts nothing: it is the table's baseline.
@@ -499,6 +543,7 @@ def test_push_happy_path_kvlease_guards_every_push(fleet, sets, record, controls
     assert kv["permits"] >= kv["requests"], kv
     assert kv["written"] >= 1, kv
     assert kv["d_usage_back_s"] is not None, kv
+    estimate_within_its_bound(kv)
 
 
 def test_push_late_registration_stock_hangs_kvlease_recomputes(fleet, sets, record, controls):
