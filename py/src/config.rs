@@ -84,6 +84,17 @@ impl LeaseConfig {
         secs(self.inner.lease_extension())
     }
 
+    /// Push mode's guard settings from the same keys: a permit lasts
+    /// `kv_lease_duration`, with this config's interval and extension (one
+    /// derivation), `kv_lease_push_write_bound` and `kv_lease_push_capacity`
+    /// (parsed and checked with the rest). Raises `ConfigError` when the
+    /// guard refuses them.
+    fn push_config(&self) -> PyResult<crate::push::PushConfig> {
+        let inner = kvlease::push::PushConfig::from_lease_config(&self.inner);
+        inner.validate().map_err(errors::config)?;
+        Ok(crate::push::PushConfig { inner })
+    }
+
     /// `kv_lease_verification`: D uses pulled KV only after the slot check.
     #[getter]
     fn verification(&self) -> bool {

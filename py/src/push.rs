@@ -39,9 +39,11 @@ pub(crate) struct PushConfig {
 #[pymethods]
 impl PushConfig {
     /// The defaults for a permit `duration` (vLLM's `kv_lease_duration`),
-    /// each overridable: extension 2/3 of it, heartbeat interval 1/6,
+    /// each overridable: extension `duration * 2 // 3` and heartbeat
+    /// interval `duration // 6` (whole seconds, the pull side's rule),
     /// write bound 10 s, post margin 1 s, 100 ppm, 1,024 registrations,
     /// 64 KiB messages. Raises `ConfigError` on settings the library refuses.
+    /// An engine reading vLLM's config takes `LeaseConfig.push_config()`.
     #[new]
     #[pyo3(signature = (duration, *, capacity=None, extension=None, heartbeat_interval=None,
                         write_bound=None, post_margin=None, drift_ppm=None, max_message_len=None))]

@@ -126,6 +126,24 @@ def test_out_of_permits_fails_the_load():
     assert e.value.reason == "Exhausted"
 
 
+def test_the_push_keys_are_parsed_once_with_the_rest():
+    # What the vLLM plugin does: one parse, in Rust, of every kv_lease_* key.
+    config = kvlease.LeaseConfig.parse(
+        {"kv_lease_duration": 45.5, "kv_lease_push_write_bound": 4.5,
+         "kv_lease_push_capacity": 64}, 1024, 64)
+    assert config.unknown_keys == []
+    push = config.push_config()
+    assert (push.duration, push.write_bound, push.capacity) == (45.5, 4.5, 64)
+    # One derivation: the pull side's floors, 7 s and 30 s of 45.5 s.
+    assert (push.heartbeat_interval, push.extension) == (7.0, 30.0)
+    assert (push.heartbeat_interval, push.extension) == (
+        config.heartbeat_interval, config.lease_extension)
+    for bad in ({"kv_lease_push_write_bound": "ten"}, {"kv_lease_push_capacity": 0},
+                {"kv_lease_push_capacity": True}):
+        with pytest.raises(kvlease.ConfigError, match=next(iter(bad))):
+            kvlease.LeaseConfig.parse(bad, 1024, 64)
+
+
 def test_bad_settings_and_bad_bytes_are_typed_errors():
     with pytest.raises(kvlease.ConfigError):
         PushConfig(12.0, heartbeat_interval=9.0)  # not shorter than the extension

@@ -25,6 +25,8 @@
 //! | `kv_lease_max_fan_out` | 16 | most P ranks one D rank reads from, heartbeats and verifies for one request (P TP / D TP × P PP), 1..=64; the sender and the verifier both take this one number |
 //! | `kv_lease_turn2_safety_margin` | 5 | P declines a turn-2 read this close to D's deadline (plus the clock bound), seconds (any positive number); vLLM's `_KV_BLOCKS_EXPIRY_SAFETY_MARGIN` |
 //! | `kv_lease_clock_drift_ppm` | 100 | how fast P assumes two hosts' clocks drift apart, ppm (0..=1,000,000): a clock sample's bound grows by this much of its age |
+//! | `kv_lease_push_write_bound` | 10 | push mode: the longest a posted WRITE may stay in flight, seconds (any positive number) |
+//! | `kv_lease_push_capacity` | 1,024 | push mode: registrations one worker holds at once (D: permits; P: registrations), 1..=2^30 |
 //!
 //! The first four are vLLM's names and meanings; the rest are ours and carry
 //! the `kv_lease_` prefix.
@@ -36,7 +38,10 @@
 //! lease is the exact value (45.5 s); the heartbeat interval and the extension
 //! are derived exactly as vLLM derives them with Python's floor division on
 //! the number, which gives whole seconds: `interval = duration // 6`,
-//! `extension = duration * 2 // 3` (45.5 gives 7 s and 30 s). A float is
+//! `extension = duration * 2 // 3` (45.5 gives 7 s and 30 s): one rule,
+//! [`heartbeat_interval_of`] and [`lease_extension_of`], which push mode's
+//! permits take too (`PushConfig::from_lease_config` in the `push` module
+//! reads them and the two push keys). A float is
 //! taken to the nanosecond rounding *down*, which keeps both floors equal to
 //! the floors of the number itself. A duration under 6 s would make the
 //! interval 0 (a heartbeat every step), so it is an error rather than a
@@ -142,6 +147,28 @@ pub struct LeaseConfig {
     pub turn2_safety_margin: Duration,
     /// `kv_lease_clock_drift_ppm`: the drift allowance of clock samples.
     pub clock_drift_ppm: u32,
+    /// `kv_lease_push_write_bound`: push mode's longest WRITE in flight
+    /// (the guard's `write_bound`).
+    pub push_write_bound: Duration,
+    /// `kv_lease_push_capacity`: push mode's registrations per worker (the
+    /// guard's `capacity`).
+    pub push_capacity: u32,
+}
+
+/// How often D heartbeats under a lease of `duration`: `duration // 6` in
+/// whole seconds, Python's floor division as vLLM computes it. The one rule
+/// for the pull side's heartbeats and push mode's `PHB:`/`PRV:`.
+pub fn heartbeat_interval_of(duration: Duration) -> Duration {
+    // u128 nanoseconds: exact, and no Duration (even Duration::MAX) can overflow it.
+    floor_secs(duration.as_nanos(), 6)
+}
+
+/// How far a heartbeat moves a deadline past `now` under a lease of
+/// `duration`: `duration * 2 // 3` in whole seconds, as vLLM computes it.
+/// The one rule for the pull side's leases and push mode's permits.
+pub fn lease_extension_of(duration: Duration) -> Duration {
+    // Duration::MAX is under 2^64 * 10^9 < 2^94 ns, so doubling fits in u128.
+    floor_secs(duration.as_nanos() * 2, 3)
 }
 
 /// Default `kv_lease_max_tracked_requests`: how many requests D heartbeats
@@ -256,6 +283,8 @@ const KNOWN_KEYS: &[&str] = &[
     "kv_lease_max_fan_out",
     "kv_lease_turn2_safety_margin",
     "kv_lease_clock_drift_ppm",
+    "kv_lease_push_write_bound",
+    "kv_lease_push_capacity",
 ];
 
 impl LeaseConfig {
@@ -286,6 +315,8 @@ impl LeaseConfig {
             max_fan_out: DEFAULT_MAX_FAN_OUT,
             turn2_safety_margin: Duration::from_secs(5),
             clock_drift_ppm: 100,
+            push_write_bound: Duration::from_secs(10),
+            push_capacity: 1024,
         }
     }
 
@@ -297,15 +328,13 @@ impl LeaseConfig {
     /// How often D heartbeats an engine: `duration // 6` (vLLM's floor
     /// division, whole seconds), 5 s by default.
     pub fn heartbeat_interval(&self) -> Duration {
-        // u128 nanoseconds: exact, and no Duration (even Duration::MAX) can overflow it.
-        floor_secs(self.lease_duration.as_nanos(), 6)
+        heartbeat_interval_of(self.lease_duration)
     }
 
     /// How far a heartbeat pushes the expiry past `now`: `duration * 2 // 3`
     /// (vLLM's floor division, whole seconds), 20 s by default.
     pub fn lease_extension(&self) -> Duration {
-        // Duration::MAX is under 2^64 * 10^9 < 2^94 ns, so doubling fits in u128.
-        floor_secs(self.lease_duration.as_nanos() * 2, 3)
+        lease_extension_of(self.lease_duration)
     }
 
     /// The TTL of blocks cached on D in bidirectional mode.
@@ -475,6 +504,19 @@ impl LeaseConfig {
             1,
             u64::from(MAX_FAN_OUT),
             "must be 1..=64 P ranks per D rank",
+        )?;
+        duration_range(
+            "kv_lease_push_write_bound",
+            self.push_write_bound,
+            Duration::from_nanos(1),
+            RULE_TTL,
+        )?;
+        range(
+            "kv_lease_push_capacity",
+            u64::from(self.push_capacity),
+            1,
+            1 << 30,
+            "must be 1..=1073741824",
         )?;
         Ok(())
     }

@@ -103,6 +103,10 @@ impl LeaseConfig {
                 "kv_lease_clock_drift_ppm" => {
                     c.clock_drift_ppm = u32_key("kv_lease_clock_drift_ppm", v)?
                 }
+                "kv_lease_push_write_bound" => {
+                    c.push_write_bound = secs("kv_lease_push_write_bound", v, 0.0, RULE_TTL)?
+                }
+                "kv_lease_push_capacity" => c.push_capacity = u32_key("kv_lease_push_capacity", v)?,
                 other => unknown_keys.push(other.to_string()),
             }
         }

@@ -126,9 +126,11 @@ pub struct PushConfig {
     /// A fresh permit's time (`kv_lease_duration`).
     pub duration: Duration,
     /// A renewal's floor: a `PHB:` moves the deadline to at least
-    /// `now + extension` (2/3 of the duration, as the pull side's).
+    /// `now + extension` (`duration * 2 // 3` in whole seconds, the pull
+    /// side's rule: [`crate::config::lease_extension_of`]).
     pub extension: Duration,
-    /// P's `PHB:` and D's `PRV:` resend interval (`duration / 6`).
+    /// P's `PHB:` and D's `PRV:` resend interval (`duration // 6` in whole
+    /// seconds: [`crate::config::heartbeat_interval_of`]).
     pub heartbeat_interval: Duration,
     /// Longest a posted WRITE stays in flight (see the module docs).
     pub write_bound: Duration,
@@ -148,18 +150,56 @@ impl Default for PushConfig {
 
 impl PushConfig {
     /// The defaults for a permit duration (the pull side's
-    /// `kv_lease_duration`): extension 2/3 of it, interval 1/6, write bound
-    /// 10 s, post margin 1 s, 100 ppm, 1,024 registrations, 64 KiB messages.
+    /// `kv_lease_duration`): extension and interval by the pull side's one
+    /// rule (`duration * 2 // 3` and `duration // 6`, whole seconds: under
+    /// 6 s the interval is 0 and [`PushConfig::validate`] refuses it), write
+    /// bound 10 s, post margin 1 s, 100 ppm, 1,024 registrations, 64 KiB
+    /// messages. An engine reading vLLM's config takes
+    /// [`PushConfig::from_lease_config`], which also reads the push keys.
     pub fn with_duration(duration: Duration) -> PushConfig {
         PushConfig {
             capacity: 1024,
             duration,
-            extension: duration * 2 / 3,
-            heartbeat_interval: duration / 6,
+            extension: crate::config::lease_extension_of(duration),
+            heartbeat_interval: crate::config::heartbeat_interval_of(duration),
             write_bound: Duration::from_secs(10),
             post_margin: Duration::from_secs(1),
             drift_ppm: 100,
             max_message_len: 64 * 1024,
+        }
+    }
+
+    /// The guard's settings from an engine's lease config (vLLM's
+    /// `kv_connector_extra_config`, parsed once): a permit lasts
+    /// `kv_lease_duration`, with the pull side's interval and extension
+    /// (one derivation: [`crate::config::heartbeat_interval_of`],
+    /// [`crate::config::lease_extension_of`]), `kv_lease_push_write_bound`,
+    /// `kv_lease_push_capacity`, and the guard's defaults for the rest.
+    ///
+    /// ```
+    /// use kvlease::push::PushConfig;
+    /// use kvlease::{EngineShape, LeaseConfig};
+    /// use std::time::Duration;
+    ///
+    /// let shape = EngineShape { num_kv_blocks: 1024, max_num_seqs: 64 };
+    /// let parsed = LeaseConfig::from_extra_config_json(
+    ///     r#"{"kv_lease_duration": 12, "kv_lease_push_write_bound": 4.5}"#,
+    ///     shape,
+    /// )?;
+    /// let push = PushConfig::from_lease_config(&parsed.config);
+    /// assert_eq!(push.duration, Duration::from_secs(12));
+    /// assert_eq!(push.extension, Duration::from_secs(8));
+    /// assert_eq!(push.heartbeat_interval, Duration::from_secs(2));
+    /// assert_eq!(push.write_bound, Duration::from_millis(4500));
+    /// assert_eq!(push.capacity, 1024);
+    /// assert!(parsed.unknown_keys.is_empty());
+    /// # Ok::<(), kvlease::ConfigError>(())
+    /// ```
+    pub fn from_lease_config(config: &crate::LeaseConfig) -> PushConfig {
+        PushConfig {
+            capacity: config.push_capacity,
+            write_bound: config.push_write_bound,
+            ..PushConfig::with_duration(config.lease_duration())
         }
     }
 

@@ -570,3 +570,75 @@ fn a_stuck_write_is_heartbeated_until_write_bound_then_d_fences_within_the_hold_
         "{lapsed_at}"
     );
 }
+
+/// vLLM's `kv_connector_extra_config`, parsed as the engine parses it.
+fn parse(s: &str) -> Result<crate::ParsedConfig, crate::ConfigError> {
+    let shape = crate::EngineShape {
+        num_kv_blocks: 1024,
+        max_num_seqs: 64,
+    };
+    crate::LeaseConfig::from_extra_config_json(s, shape)
+}
+
+#[test]
+fn push_keys_are_parsed_with_the_rest_and_refused_by_name() {
+    let c = parse(
+        r#"{"kv_lease_duration": 12, "kv_lease_push_write_bound": 4.5, "kv_lease_push_capacity": 64}"#,
+    )
+    .unwrap();
+    assert!(c.unknown_keys.is_empty(), "{:?}", c.unknown_keys);
+    let push = PushConfig::from_lease_config(&c.config);
+    assert_eq!(push.write_bound, Duration::from_millis(4500));
+    assert_eq!(push.capacity, 64);
+    assert_eq!(push.validate(), Ok(()));
+    // The defaults, when the keys are absent: 10 s and 1,024.
+    let d = PushConfig::from_lease_config(&parse("{}").unwrap().config);
+    assert_eq!((d.write_bound, d.capacity), (Duration::from_secs(10), 1024));
+    for (bad, key) in [
+        (
+            r#"{"kv_lease_push_write_bound": 0}"#,
+            "kv_lease_push_write_bound",
+        ),
+        (
+            r#"{"kv_lease_push_write_bound": "ten"}"#,
+            "kv_lease_push_write_bound",
+        ),
+        (
+            r#"{"kv_lease_push_write_bound": -1}"#,
+            "kv_lease_push_write_bound",
+        ),
+        (r#"{"kv_lease_push_capacity": 0}"#, "kv_lease_push_capacity"),
+        (
+            r#"{"kv_lease_push_capacity": 1073741825}"#,
+            "kv_lease_push_capacity",
+        ),
+        (
+            r#"{"kv_lease_push_capacity": 2.5}"#,
+            "kv_lease_push_capacity",
+        ),
+    ] {
+        let e = parse(bad).unwrap_err().to_string();
+        assert!(e.contains(key), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn push_permits_take_the_pull_sides_one_derivation() {
+    // One rule for both sides: Python's floor division on the number, as
+    // vLLM derives the pull side's interval and extension (45.5 s: 7 and 30).
+    for d in ["6", "6.5", "10", "11.99", "12", "18", "45.5", "3600"] {
+        let c = parse(&format!(r#"{{"kv_lease_duration": {d}}}"#))
+            .unwrap()
+            .config;
+        let push = PushConfig::from_lease_config(&c);
+        assert_eq!(push.duration, c.lease_duration(), "{d}");
+        assert_eq!(push.heartbeat_interval, c.heartbeat_interval(), "{d}");
+        assert_eq!(push.extension, c.lease_extension(), "{d}");
+        assert_eq!(
+            PushConfig::with_duration(c.lease_duration()).extension,
+            c.lease_extension(),
+            "{d}"
+        );
+        assert_eq!(push.validate(), Ok(()), "{d}");
+    }
+}

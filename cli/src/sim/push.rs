@@ -159,9 +159,10 @@ pub fn run(
     // mode holds P's KV under kv_lease_duration too); the policies differ
     // only in what D does.
     let hold = spec.config.lease_duration();
+    // The guard's settings as an engine reads them from the same keys.
     let push_config = PushConfig {
         capacity: SETS,
-        ..PushConfig::with_duration(hold)
+        ..PushConfig::from_lease_config(&spec.config)
     };
     let err = |what: &str, e: String| SimError(format!("push-faults: {what}: {e}"));
     let mut permits = PushPermits::new(push_config, NonceSource::from_seed(spec.seed, 3, 5))

@@ -43,6 +43,9 @@ class LeaseConfig:
     def max_request_id_len(self) -> int: ...
     @property
     def max_tracked_requests(self) -> int: ...
+    def push_config(self) -> PushConfig:
+        """Push mode's guard settings from the same keys (``kv_lease_duration``,
+        ``kv_lease_push_write_bound``, ``kv_lease_push_capacity``)."""
 
 class SlotTicket:
     """A released lease's slot; give it back with ``blocks_freed`` once."""

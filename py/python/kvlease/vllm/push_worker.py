@@ -88,7 +88,7 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         if settings is None:
             logger.info("kvlease: kv_lease_verification is false: vLLM's own push mode")
             return
-        config = push_config(vllm_config, settings)
+        config = push_config(settings)
         self.xfer_stats = KvLeaseConnectorStats()
         self._kvl_log = RateLimitedLog(logger)
         self._kvl_require = settings.config.require_verification

@@ -23,9 +23,6 @@ from .._native import LeaseConfig, PushConfig
 
 logger = logging.getLogger("vllm.kvlease.settings")
 
-#: Push mode's own keys (``push_config``): not LeaseConfig's, so not misspelt.
-PUSH_KEYS = ("kv_lease_push_write_bound", "kv_lease_push_capacity")
-
 PRODUCER_ROLES = ("kv_producer", "kv_both")
 CONSUMER_ROLES = ("kv_consumer", "kv_both")
 
@@ -64,7 +61,7 @@ def lease_settings(vllm_config: Any, kv_cache_config: Any) -> LeaseSettings | No
         return None
     role = ktc.kv_role
     config = LeaseConfig.parse(extra, num_blocks, max_num_seqs)
-    odd = [k for k in config.unknown_keys if k.startswith("kv_lease") and k not in PUSH_KEYS]
+    odd = [k for k in config.unknown_keys if k.startswith("kv_lease")]
     if odd:
         logger.warning(
             "kvlease: unknown kv_connector_extra_config keys %s (misspelt? their "
@@ -78,23 +75,13 @@ def lease_settings(vllm_config: Any, kv_cache_config: Any) -> LeaseSettings | No
     )
 
 
-def push_config(vllm_config: Any, settings: LeaseSettings) -> PushConfig:
-    """Push mode's guard settings (``kvlease.PushConfig``): the permit
-    lasts ``kv_lease_duration`` (renewed by P's heartbeats while P holds the
-    registration), ``kv_lease_push_write_bound`` (s, default 10) is the
-    longest a posted WRITE may stay in flight, ``kv_lease_push_capacity``
-    (default 1,024) the registrations one worker holds at once. Raises
-    :class:`kvlease.errors.ConfigError` (or ``ValueError``) for a bad value."""
-    extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
-    kw: dict[str, Any] = {}
-    bound = extra.get("kv_lease_push_write_bound")
-    if bound is not None:
-        if isinstance(bound, bool) or not isinstance(bound, (int, float)):
-            raise ValueError(f"kv_lease_push_write_bound must be a number of seconds, not {bound!r}")
-        kw["write_bound"] = float(bound)
-    capacity = extra.get("kv_lease_push_capacity")
-    if capacity is not None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int):
-            raise ValueError(f"kv_lease_push_capacity must be an integer, not {capacity!r}")
-        kw["capacity"] = capacity
-    return PushConfig(float(settings.config.lease_duration), **kw)
+def push_config(settings: LeaseSettings) -> PushConfig:
+    """Push mode's guard settings (``kvlease.PushConfig``), from the keys
+    :func:`lease_settings` parsed once, in Rust: the permit lasts
+    ``kv_lease_duration`` (renewed by P's heartbeats while P holds the
+    registration) with the pull side's interval and extension,
+    ``kv_lease_push_write_bound`` (s, default 10) is the longest a posted
+    WRITE may stay in flight, ``kv_lease_push_capacity`` (default 1,024)
+    the registrations one worker holds at once. Raises
+    :class:`kvlease.errors.ConfigError` when the guard refuses them."""
+    return settings.config.push_config()
