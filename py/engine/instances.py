@@ -73,6 +73,9 @@ class InstanceSpec:
     #: kv_connector_extra_config (kv_lease_duration, ...).
     extra: dict[str, Any] = field(default_factory=dict)
     tp: int = 1
+    #: --data-parallel-size: each DP rank is an EngineCore of its own (its
+    #: own scheduler, connector and lease book), behind one API server.
+    dp: int = 1
     #: --num-gpu-blocks-override: a small P cache makes freed blocks reused at once.
     num_blocks: int | None = None
     max_num_seqs: int = 4
@@ -117,8 +120,9 @@ class Instance:
         self.spec = spec
         self.model = model
         self.port = free_port()
-        # vLLM's NIXL side channel: one port per TP rank from this one.
-        self.side_channel_port = free_port(span=max(spec.tp, 1))
+        # vLLM's NIXL side channel: one port per TP rank from this one, and
+        # per DP rank (vLLM adds the DP index to the base port).
+        self.side_channel_port = free_port(span=max(spec.tp, 1) * max(spec.dp, 1))
         self.log_path = logs / f"{spec.name}-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
@@ -145,6 +149,8 @@ class Instance:
         cmd[cmd.index("--max-num-seqs") + 1] = str(spec.max_num_seqs)
         if spec.tp > 1:
             cmd += ["--tensor-parallel-size", str(spec.tp)]
+        if spec.dp > 1:
+            cmd += ["--data-parallel-size", str(spec.dp)]
         if spec.num_blocks is not None:
             cmd += ["--num-gpu-blocks-override", str(spec.num_blocks)]
         ktc = spec.kv_transfer_config()

@@ -8,6 +8,7 @@ a case: the cases in ``test_real_engine.py`` assert on what these return.
 
 from __future__ import annotations
 
+import re
 import time
 
 from workload import Answer
@@ -65,3 +66,15 @@ def p_usage_back(p, baseline: float, timeout: float) -> float | None:
             return time.monotonic() - t0
         time.sleep(0.25)
     return None
+
+
+def per_engine(inst, name: str) -> dict[str, float]:
+    """``name``'s samples by vLLM's ``engine`` label (the DP rank's
+    EngineCore), summed over the other labels."""
+    out: dict[str, float] = {}
+    for key, value in inst.metrics().items():
+        if key == name or key.startswith(name + "{"):
+            m = re.search(r'engine="([^"]*)"', key)
+            rank = m.group(1) if m else "?"
+            out[rank] = out.get(rank, 0.0) + value
+    return out

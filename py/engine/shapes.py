@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness import hosts
-from instances import InstanceSpec
+from instances import InstanceSpec  # first: it puts the harness on the path
+from harness import hosts  # noqa: E402
 from push_pairs import PUSH_EXTRA
 
 #: How far the host in the time namespace runs ahead (s): D's clock minus
@@ -80,6 +80,11 @@ def d_spec(connector: str, **kw) -> InstanceSpec:
 REF = InstanceSpec(name="ref")
 #: Phase D's D, started with phase C's new P (one start fewer: about 35 s).
 D_SMALL_SPEC = on(d_spec("kvlease", **D_SMALL), D_AHEAD.d)
+#: Phase C's new P and phase D's: data parallel 2 (two EngineCores, each
+#: with its own scheduler, connector and lease book, on side-channel ports
+#: base + DP index, behind one API server port), so that phases C and D
+#: run against DP ranks with no start of their own.
+P_DP2 = on(dataclasses.replace(p_spec("kvlease"), name="p-kvlease-dp2", dp=2), D_AHEAD.p)
 PHASE_A = dict(p=on(p_spec("kvlease"), D_AHEAD.p), d=on(d_spec("kvlease"), D_AHEAD.d),
                p_stock=on(p_spec("stock"), D_AHEAD.p), d_stock=on(d_spec("stock"), D_AHEAD.d))
 ASYNC_ENV = {"KVLEASE_ENGINE_ASYNC_SCHEDULING": "1"}

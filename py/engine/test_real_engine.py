@@ -70,15 +70,15 @@ import aiohttp
 import pytest
 
 import workload
-from measures import compare, counters, delta, p_usage_back
+from measures import compare, counters, delta, p_usage_back, per_engine
 from push_pairs import (PAIRS, PUSH_COUNTERS, PUSH_FENCE, PUSH_LEASE, STRAY, clock_estimate,
                         d_leak, d_leg_patience, estimate_within_its_bound, push_counters,
                         push_figures, push_round, retire_stuck_stock_d, stock_control,
                         stock_hangs_and_leaks, usage_back)
 from scenarios import (both, every_load_verified_or_lapsed, happy, late_arrival,
                        late_arrival_async, soak_async)
-from shapes import (ASYNC_ENV, D_SMALL_SPEC, EXTENSION, INTERVAL, LEASE, P_AHEAD, PHASE_A,
-                    PHASE_F, d_spec, on, p_spec)
+from shapes import (ASYNC_ENV, D_SMALL_SPEC, EXTENSION, INTERVAL, LEASE, P_AHEAD, P_DP2,
+                    PHASE_A, PHASE_F, d_spec, on, p_spec)
 from workload import complete, complete_all, push_all, run
 
 # ---- phase A: kvlease P and D, stock P and D beside them ----------------------
@@ -243,9 +243,10 @@ def test_p_killed_mid_flight_d_fails_those_loads_and_serves_on(fleet, sets, reco
     figures["took_s"] = round(took, 1)
     # P's death fails vLLM's own READs (a failed transfer, recomputed).
     figures.update(delta(counters(d), before, "failed_checks", "failed_transfers"))
-    # A new P (new engine id); the same D serves what follows. Phase D's
-    # small D starts beside the new P: one start instead of two in a row.
-    fleet.ensure(p=PHASE_A["p"], d=PHASE_A["d"], d_small=D_SMALL_SPEC)
+    # A new P (new engine ids: data parallel 2 from here on, P_DP2); the
+    # same D serves what follows. Phase D's small D starts beside the new P:
+    # one start instead of two in a row.
+    fleet.ensure(p=P_DP2, d=PHASE_A["d"], d_small=D_SMALL_SPEC)
     more = run(complete_all(fleet.router("float64").url, sets["after"].prompts, concurrency=4,
                             max_tokens=sets["after"].max_tokens, prefix="after-pkill"))
     figures["after_equal"] = compare(more, sets["after"].reference)["texts_equal"]
@@ -261,18 +262,25 @@ def test_p_killed_mid_flight_d_fails_those_loads_and_serves_on(fleet, sets, reco
 # ---- phase D: a D with a small KV cache: 1 P and 2 D, overload, then D killed --
 
 
-def test_one_p_two_ds_behind_the_toy_proxy(fleet, sets, record):
-    """A fleet of 1 P and 2 D: phase C's new P, with phase A's D and the
-    small D behind vLLM's toy proxy, which sends the requests to the Ds in
-    turn. Every text equals the reference, each D verified loads of its own
-    (or failed their check on a lease that really lapsed), and P's blocks
-    all come back. Stock is not run beside it: a happy path shows nothing
-    wrong on stock either, and kvlease's claim is 0 wrong answers and 0
-    stuck blocks."""
-    fleet.ensure(p=PHASE_A["p"], d=PHASE_A["d"], d_small=D_SMALL_SPEC)
+def test_one_dp2_p_two_ds_behind_the_toy_proxy_and_a_late_arrival(fleet, sets, record):
+    """A fleet of 1 P and 2 D: phase C's new P, data parallel 2 (two
+    EngineCores, each with its own lease book and side-channel port), with
+    phase A's D and the small D behind vLLM's toy proxy, which sends the
+    requests to the Ds in turn. Every text equals the reference, each D
+    verified loads of its own (or failed their check on a lease that really
+    lapsed), both DP ranks granted leases and were released by read-dones
+    (D heartbeats and verifies against the rank that holds each request),
+    and P's blocks all come back. Then a late arrival on whichever DP rank
+    takes it: caught and recomputed. Stock is not run beside the happy
+    path: it shows nothing wrong on stock either, and kvlease's claim is 0
+    wrong answers and 0 stuck blocks (phase A's late arrival has the stock
+    control)."""
+    fleet.ensure(p=P_DP2, d=PHASE_A["d"], d_small=D_SMALL_SPEC)
     p, ds = fleet.running["p"], {r: fleet.running[r] for r in ("d", "d_small")}
     before = {r: counters(inst) for r, inst in ds.items()}
     p_before = counters(p)
+    ranks_before = {k: per_engine(p, f"vllm:kv_lease_{k}_total")
+                    for k in ("granted", "released_read")}
     ps = sets["mixed"]
     answers = run(complete_all(fleet.router("toy", "p", tuple(ds)).url, ps.prompts,
                                concurrency=4, max_tokens=ps.max_tokens, prefix="1p2d"))
@@ -281,16 +289,26 @@ def test_one_p_two_ds_behind_the_toy_proxy(fleet, sets, record):
         for k, v in delta(counters(inst), before[r], "verified", "failed_checks").items():
             figures[f"{k}_{r}"] = v
     figures.update(delta(counters(p), p_before, "expired"))
+    for k, was in ranks_before.items():
+        now = per_engine(p, f"vllm:kv_lease_{k}_total")
+        figures[f"{k}_by_dp_rank"] = {rank: now[rank] - was.get(rank, 0.0) for rank in sorted(now)}
     back = p_usage_back(p, 0.0, LEASE + EXTENSION)
     figures["p_usage_back_s"] = None if back is None else round(back, 1)
+    late = late_arrival(fleet, sets, "p", "d")
+    figures.update({f"late_{k}": v for k, v in late.items()})
     figures["crashes"] = len(fleet.check_crashes())
-    record.write("1 P + 2 D (toy proxy, in turn)", "kvlease", **figures)
+    record.write("1 P (DP 2) + 2 D (toy proxy, in turn), late arrival", "kvlease", **figures)
     assert figures["texts_equal"] == figures["requests"], figures
     for r in ds:
         assert figures[f"verified_{r}"] >= 1, f"{r} served no verified load: {figures}"
     assert (sum(figures[f"verified_{r}"] + figures[f"failed_checks_{r}"] for r in ds)
             >= figures["requests"]), figures
     assert sum(figures[f"failed_checks_{r}"] for r in ds) <= figures["expired"], figures
+    for k in ranks_before:
+        by_rank = figures[f"{k}_by_dp_rank"]
+        assert len(by_rank) == 2 and min(by_rank.values()) >= 1, (
+            f"a DP rank saw no {k}: {figures}")
+    assert figures["late_a_equal"] == 1 and figures["late_failed_checks"] >= 1, figures
     assert figures["p_usage_back_s"] is not None and figures["crashes"] == 0, figures
 
 
@@ -324,7 +342,7 @@ def test_overload_heartbeats_keep_queued_requests_alive(fleet, sets, record):
     # The stock pair stops (as in the whole run, where the P-killed case
     # stopped it): each idle NIXL worker polls half a core away from D.
     # Phase A's D stops too: only the small D reads from P here.
-    fleet.ensure(p=PHASE_A["p"], d=None, d_small=D_SMALL_SPEC, p_stock=None, d_stock=None)
+    fleet.ensure(p=P_DP2, d=None, d_small=D_SMALL_SPEC, p_stock=None, d_stock=None)
     p, d = fleet.running["p"], fleet.running["d_small"]
     ps = sets["overload"]
     router = fleet.router("float64", "p", "d_small")
@@ -393,7 +411,7 @@ def test_d_killed_p_reclaims_within_the_bound(fleet, sets, record):
     """Requests queued on D (long decodes, D's small cache), D SIGKILLed:
     P's KV usage (its /metrics) returns to its baseline within max(lease,
     extension + interval) plus a step."""
-    fleet.ensure(p=PHASE_A["p"], d=None, d_small=D_SMALL_SPEC)
+    fleet.ensure(p=P_DP2, d=None, d_small=D_SMALL_SPEC)
     p = fleet.running["p"]
     router = fleet.router("float64", "p", "d_small")
     ps = sets["kill"]
