@@ -96,22 +96,35 @@ def record(results_dir: Path) -> CaseRecord:
     return CaseRecord(path)
 
 
+#: The cache entry of the plain reference's texts (controls.py).
+REFERENCE_TEXTS = "reference texts (plain vllm serve)"
+
+
 @pytest.fixture(scope="session")
-def sets(fleet) -> dict[str, PromptSet]:
+def sets(fleet, controls) -> dict[str, PromptSet]:
     """Every prompt set with its reference texts from a plain ``vllm serve``,
-    started beside the first P and D and stopped once it answered."""
+    started beside the first P and D and stopped once it answered. The
+    plain instance runs no kvlease code: its texts are reused while nothing
+    it read changed, as the stock controls are (controls.py), and then it
+    is not started at all."""
     # Comma-separated prefixes: a quicker run of some cases (phase A is
     # then not started beside the reference).
     only = [x for x in os.environ.get("ENGINE_ONLY_SETS", "").split(",") if x]
     out = {s[0]: PromptSet(fleet.model, s) for s in SETS
            if not only or any(s[0].startswith(x) for x in only)}
-    fleet.ensure(ref=REF, **({} if only else PHASE_A))
-    ref = fleet.running["ref"]
-    for ps in out.values():
-        answers = run(complete_all(ref.url, ps.prompts, concurrency=8, max_tokens=ps.max_tokens,
-                                   prefix=f"ref-{ps.name}"))
+    texts = {k: v for k, v in (controls.reused(REFERENCE_TEXTS) or {}).items()
+             if k != "reused_for"}
+    missing = [ps for ps in out.values() if len(texts.get(ps.name, ())) != len(ps.prompts)]
+    fleet.ensure(**({"ref": REF} if missing else {}), **({} if only else PHASE_A))
+    for ps in missing:
+        answers = run(complete_all(fleet.running["ref"].url, ps.prompts, concurrency=8,
+                                   max_tokens=ps.max_tokens, prefix=f"ref-{ps.name}"))
         bad = [a for a in answers if not a.ok]
         assert not bad, f"the plain reference failed: {bad[0].error}"
-        ps.reference = [a.text for a in answers]
-    fleet.stop("ref")
+        texts[ps.name] = [a.text for a in answers]
+    if missing:
+        fleet.stop("ref")
+        controls.store(REFERENCE_TEXTS, texts, shows=True)
+    for ps in out.values():
+        ps.reference = texts[ps.name]
     return out

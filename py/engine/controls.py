@@ -18,7 +18,9 @@ of any of them and the control runs again.
 
 A stock push control costs the gate about four minutes on 2 cores (it waits
 out hangs, and its D, stuck on a WRITE that cannot come, must be restarted),
-so reusing it is most of what keeps step 11 in its budget.
+so reusing it is most of what keeps step 11 in its budget. The plain
+reference's texts (a ``vllm serve`` without KV transfer, no kvlease code
+either) are kept the same way (conftest.py, ``sets``).
 
 ``KVLEASE_ENGINE_CONTROLS``: ``reuse`` (the default) reads the cache and
 fills it; ``rerun`` runs every control again and refreshes the cache;
@@ -110,7 +112,7 @@ class ControlCache:
         entry = self._read().get(case)
         if entry is None:
             return None
-        print(f"\n[real-engine] control reused: {case!r} (stock) measured "
+        print(f"\n[real-engine] control reused: {case!r} measured "
               f"{entry['measured_at']} for inputs hash {self.key}")
         return {**entry["figures"], "reused_for": self.key[:16]}
 

@@ -13,13 +13,15 @@ The cases run in this file's order, which keeps instance starts few (about
 =====  ====================================  =========================================
 phase  instances (role: connector)           cases
 =====  ====================================  =========================================
-A      ref: plain, p and d: kvlease,         happy (toy proxy, float64 router), late
-       p_stock and d_stock: stock            arrival and soak beside the stock
-                                             controls, preemption on P, mixed fleets
-C      p restarted, d_small started beside   P killed mid-flight
-       it (one start for phases C and D)
-D      d stopped; d_small: kvlease, small    overload, D killed
-       KV cache
+A      ref: plain (when its texts are not    happy (toy proxy, float64 router), late
+       cached), p and d: kvlease,            arrival and soak beside the stock
+       p_stock and d_stock: stock            controls, preemption on P, mixed fleets
+C      p restarted as data parallel 2,       P killed mid-flight
+       d_small started beside it (one
+       start for phases C and D)
+D      p (DP 2), d and d_small: kvlease,     1 P (DP 2) + 2 D behind the toy proxy
+       d_small with a small KV cache;        and a late arrival; overload, D killed
+       then d stopped
 E      p: kvlease TP 2, d: kvlease, both     heterogeneous TP; async scheduling
        with async scheduling
 F      push mode: p_push and d_push:         push happy path, a registration that reaches
