@@ -15,6 +15,22 @@
 //! blocks, so a lapse becomes a failed KV load instead of silently decoding
 //! another request's KV.
 //!
+//! # Vocabulary
+//!
+//! One pair of names for the two sides, everywhere: **P** and **D**.
+//!
+//! | say | means | also seen as (kept where it is a name from outside) |
+//! |---|---|---|
+//! | P, the prefill side | the engine that computed the KV and holds it under a lease (push mode: the one that WRITEs it) | vLLM's `kv_producer`, this crate's `producer` module, SGLang's prefill server |
+//! | D, the decode side | the engine that heartbeats, READs and verifies (push mode: grants write permits and fences) | vLLM's `kv_consumer`, this crate's `consumer` module, SGLang's decode server |
+//!
+//! The module names `producer` and `consumer` follow vLLM's `kv_role`
+//! values and stay; types say the side the way engines do (`PrefillScheduler`,
+//! `PrefillRank`, the plugin's `PrefillPushGuard` and `DecodePushGuard`).
+//! Docs, comments, log lines and new code say P and D. "Sender" and
+//! "receiver" name a message's direction only, never a side, since both
+//! sides send (D sends heartbeats, P sends `PHB:` in push mode).
+//!
 //! # Roles
 //!
 //! Engines run a scheduler process plus one worker process per GPU, often
