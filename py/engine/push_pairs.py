@@ -165,3 +165,11 @@ def estimate_within_its_bound(figures: dict) -> None:
     assert figures["estimates"] >= 1, f"P logged no estimate of D's clock: {figures}"
     assert figures["clock_error_ms"] <= figures["clock_bound_ms"], (
         f"P's estimate of D's clock is further off the true offset than it claims: {figures}")
+
+
+def every_push_served(f: dict) -> None:
+    """Every D leg answered with the reference's text (written, or failed
+    and recomputed: a recompute, never a wait), no hang, and at most one P
+    leg lost to P's own patience (counted apart: it never reached D)."""
+    assert f["texts_equal"] == f["requests"] - f["p_leg_failures"] and f["hangs"] == 0, f
+    assert f["p_leg_failures"] <= 1, f

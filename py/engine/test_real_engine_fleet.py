@@ -23,7 +23,7 @@ shows its hang on a late registration already.
 from __future__ import annotations
 
 from push_pairs import (PUSH_LEASE, clock_estimate, d_leak, estimate_within_its_bound,
-                        push_round)
+                        every_push_served, push_round)
 from shapes import D_AHEAD, on, push_spec
 
 PHASE_G = dict(gp_push=on(push_spec("p", "kvlease-push"), D_AHEAD.p),
@@ -42,8 +42,8 @@ def test_two_hosts_d_ahead_push_happy_path_and_ps_estimate_of_ds_clock(fleet, se
     f.update(clock_estimate(fleet.running["gp_push"], D_AHEAD.true_offset))
     f["crashes"] = len(fleet.check_crashes())
     record.write("two hosts, D +1e5 s: push happy + clock estimate", "kvlease", **f)
-    assert f["texts_equal"] == f["requests"] - f["p_leg_failures"] and f["hangs"] == 0, f
-    assert f["p_leg_failures"] <= 1 and f["wrong_answers"] == 0, f
+    every_push_served(f)
+    assert f["wrong_answers"] == 0, f
     assert f["written"] >= 1 and f["permits"] >= f["requests"], f
     estimate_within_its_bound(f)
     assert f["crashes"] == 0, f
@@ -61,8 +61,7 @@ def test_two_hosts_d_ahead_push_late_registration(fleet, sets, record):
     f.update(d_leak(fleet.running["gd_push"]))
     f["crashes"] = len(fleet.check_crashes())
     record.write("two hosts, D +1e5 s: push late registration", "kvlease", **f)
-    assert f["texts_equal"] == f["requests"] - f["p_leg_failures"] and f["hangs"] == 0, f
-    assert f["p_leg_failures"] <= 1, f
+    every_push_served(f)
     assert f["push_failed"] >= 1 and f["d_usage_end"] == 0, f
     assert f["crashes"] == 0, f
 

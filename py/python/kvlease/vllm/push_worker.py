@@ -61,7 +61,7 @@ from .push_notifs import TO_D, TO_P, NotifTap, PostGate
 from .push_permits import GUARD_VERSION, PERMIT_KEY, DecodePushGuard, clock_is_shared
 from .push_writes import PrefillPushGuard
 from .scheduler_clock import SchedulerClock
-from .settings import lease_settings, push_config
+from .settings import lease_settings
 from .stats import KvLeaseConnectorStats
 
 logger = logging.getLogger("vllm.kvlease.push")
@@ -88,7 +88,7 @@ class KvLeasePushWorker(NixlPushConnectorWorker):
         if settings is None:
             logger.info("kvlease: kv_lease_verification is false: vLLM's own push mode")
             return
-        config = push_config(settings)
+        config = settings.config.push_config()
         self.xfer_stats = KvLeaseConnectorStats()
         self._kvl_log = RateLimitedLog(logger)
         self._kvl_require = settings.config.require_verification

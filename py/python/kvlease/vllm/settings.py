@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .._native import LeaseConfig, PushConfig
+from .._native import LeaseConfig
 
 logger = logging.getLogger("vllm.kvlease.settings")
 
@@ -74,14 +74,3 @@ def lease_settings(vllm_config: Any, kv_cache_config: Any) -> LeaseSettings | No
         consumer=role in CONSUMER_ROLES,
     )
 
-
-def push_config(settings: LeaseSettings) -> PushConfig:
-    """Push mode's guard settings (``kvlease.PushConfig``), from the keys
-    :func:`lease_settings` parsed once, in Rust: the permit lasts
-    ``kv_lease_duration`` (renewed by P's heartbeats while P holds the
-    registration) with the pull side's interval and extension,
-    ``kv_lease_push_write_bound`` (s, default 10) is the longest a posted
-    WRITE may stay in flight, ``kv_lease_push_capacity`` (default 1,024)
-    the registrations one worker holds at once. Raises
-    :class:`kvlease.errors.ConfigError` when the guard refuses them."""
-    return settings.config.push_config()
